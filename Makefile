@@ -1,0 +1,60 @@
+# opgym: `make run` runs the main job, `make test` runs every test. Both install what is missing.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+JOBS ?= $(shell nproc)
+VENV := .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := cmake ninja-build g++ make libgtest-dev libgmock-dev nlohmann-json3-dev libbenchmark-dev libcli11-dev
+CMAKE_ARGS ?=
+
+.PHONY: all deps venv build build-asan test test-cpp test-asan test-python install-python run bench clean
+
+all: build
+
+# Debian packages the C++ build needs (apt-get only when one is missing).
+deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:" $$missing; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+# The project venv with every pinned Python dependency.
+$(VENV)/.requirements: requirements.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+venv: $(VENV)/.requirements
+
+build: deps
+	cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS) >/dev/null
+	cmake --build build -j $(JOBS)
+
+build-asan: deps
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPGYM_SANITIZE=ON -DOPGYM_BUILD_BENCH=OFF $(CMAKE_ARGS) >/dev/null
+	cmake --build build-asan -j $(JOBS)
+
+test-cpp: build
+	ctest --test-dir build -j $(JOBS) --output-on-failure
+
+test-asan: build-asan
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan -j $(JOBS) --output-on-failure
+
+# The Python package (torch operators built from C++), installed into the venv.
+install-python: venv deps
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps .
+
+test-python: install-python
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider .
+
+test: test-cpp test-asan test-python
+
+run: install-python
+	$(VENV)/bin/opgym run $(RUN_ARGS)
+
+bench: build install-python
+	$(VENV)/bin/opgym bench $(BENCH_ARGS)
+
+clean:
+	rm -rf build build-asan _skbuild dist *.egg-info

@@ -1,0 +1,9 @@
+// opgym: fused transformer operators with a C++ API that needs no framework.
+#pragma once
+#include "opgym/cpu.hpp"
+#include "opgym/dtype.hpp"
+#include "opgym/error.hpp"
+#include "opgym/parallel.hpp"
+#include "opgym/rms_norm.hpp"
+#include "opgym/tensor.hpp"
+#include "opgym/version.hpp"

@@ -1,0 +1,78 @@
+// RMSNorm: y = x / sqrt(mean(x^2 over the last dim) + eps) * weight.
+//
+// Numeric contract (the whole story is in src/ops/rms_norm/README.md):
+//   mode hf (default) - HF eager LlamaRMSNorm/Qwen2RMSNorm, rounding for rounding:
+//       x32 = float(x); var = sum(x32*x32) / D (fp32, products rounded, no FMA);
+//       r = 1 / sqrt(var + float(eps)); h = round_to(x.dtype, x32 * r);
+//       y = round_to(out dtype, float(weight) * float(h)).
+//   mode fp32 - everything in fp32, one rounding at the end: y = round_to(out, (x32 * r) * w32).
+//   weight_offset (Gemma) uses (1 + w) in fp32 in place of w, in both modes.
+// The out dtype is torch's promotion of (weight dtype, x dtype). Rounding is round-to-nearest-even;
+// NaN stays NaN. The fp32 sum of squares uses one fixed order on every path (scalar, AVX2, AVX-512),
+// so every path gives the same bits; see kSumLanes.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "opgym/cpu.hpp"
+#include "opgym/parallel.hpp"
+#include "opgym/tensor.hpp"
+
+namespace opgym {
+
+enum class NormMode { hf, fp32 };
+const char* mode_name(NormMode m);
+NormMode parse_mode(std::string_view name);  // "hf" | "fp32"
+
+struct RmsNormOptions {
+  double eps = 1e-6;
+  NormMode mode = NormMode::hf;
+  bool weight_offset = false;  // Gemma: scale by (1 + weight)
+};
+
+// The fixed summation order: element i of a row adds into partial sum (i mod kSumLanes), in order
+// of i; the kSumLanes partials are then folded by halves (p[j] += p[j + n/2], n = 32, 16, ..., 2).
+constexpr int kSumLanes = 32;
+
+// Out dtype for a given (x, weight) pair, as torch promotes `weight * x.to(x.dtype)`.
+inline DType rms_norm_out_dtype(DType x, DType weight) { return promote(weight, x); }
+
+// The tile plan, derived at run time from (rank, shape, strides, dtype); nothing is declared ahead.
+// Leading dims are flattened into rows (one row stride when they collapse, else an index walk),
+// rows are grouped into row blocks of roughly kBlockBytes, blocks are spread over threads; the last
+// dim is handled whole: a vector body of `vector_elems`-wide steps and a masked or scalar tail.
+struct RmsNormPlan {
+  int64_t rows = 0;          // product of the leading dims
+  int64_t dim = 0;           // last dim, normalized whole
+  bool rows_collapse = true; // leading dims are one uniform stride (x and out)
+  int64_t row_block = 0;     // rows per task
+  int64_t blocks = 0;        // tasks
+  int threads = 1;           // workers the call may use
+  CpuIsa isa = CpuIsa::scalar;
+  int vector_elems = 1;      // elements per vector step on this ISA
+  int64_t vector_body = 0;   // elements of a row covered by full vector steps
+  int64_t tail = 0;          // elements left for the tail
+  DType x_dtype = DType::float32, w_dtype = DType::float32, out_dtype = DType::float32;
+  std::string describe() const;  // multi-line, for `opgym explain`
+};
+
+// Plans a call without running it (validates x only). `threads` 0 means the default executor's.
+RmsNormPlan plan_rms_norm(const TensorView& x, DType weight_dtype, int threads = 0);
+
+// Validates everything, then normalizes. `out` may be `x` itself (same data and strides); any other
+// overlap is refused. Throws opgym::Error naming the argument; nothing is written on error.
+void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& out,
+              const RmsNormOptions& options = {}, Executor* executor = nullptr);
+
+namespace reference {
+// Golden (a): HF's eager sequence op by op with materialized fp32 intermediates
+// (cast, pow, mean, add, rsqrt, mul, cast, mul), summing in the kSumLanes order. Also the unfused
+// baseline for speed comparisons. Single-threaded, allocates. Supports both modes.
+void rms_norm_basic_ops(const TensorView& x, const TensorView& weight, const TensorView& out,
+                        const RmsNormOptions& options = {});
+// Golden (b): float64 throughout, for error analysis; writes doubles to out64 (contiguous, numel).
+void rms_norm_f64(const TensorView& x, const TensorView& weight, double* out64,
+                  const RmsNormOptions& options = {});
+}  // namespace reference
+
+}  // namespace opgym

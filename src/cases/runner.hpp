@@ -1,0 +1,53 @@
+// The precision runner: every case of every file, kernel vs golden, one line per case, then
+// "N passed, N failed". Each op contributes a runner (src/ops/<op>/cases.cpp) listed in runner.cpp.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cases/case_file.hpp"
+#include "cases/compare.hpp"
+#include "opgym/cpu.hpp"
+#include "opgym/parallel.hpp"
+#include "opgym/rms_norm.hpp"
+
+namespace opgym::cases {
+
+struct RunOptions {
+  NormMode mode = NormMode::hf;
+  std::optional<CpuIsa> isa;   // default: the active ISA
+  int threads = 0;             // 0: the default executor
+  int64_t max_bytes = 0;       // refuse cases needing more; 0: default_max_bytes()
+  Executor* executor = nullptr;  // set by run_files from `threads`
+};
+
+struct CaseResult {
+  std::string id, shape, dtype;
+  Metrics metrics;
+  bool pass = false;
+  std::string note;  // why it failed, or what was checked besides allclose
+};
+
+using OpRunner = CaseResult (*)(const Case&, const CaseFile&, const RunOptions&);
+
+// The runner for an op name, or nullptr.
+OpRunner find_runner(const std::string& op_name);
+// The op a file's cases are for: its op_name, else a runner's op that prefixes the file-derived
+// name or the first case id.
+std::string resolve_op(const CaseFile& file);
+// A quarter of physical memory.
+int64_t default_max_bytes();
+// Throws opgym::Error naming the file and case if `bytes` exceeds the limit.
+void check_budget(int64_t bytes, const CaseFile& file, const Case& c, const RunOptions& opt);
+
+struct Summary {
+  int passed = 0, failed = 0;
+};
+// Runs every case of every file, printing as it goes. A file that cannot be read or has no runner
+// counts as one failure, with its error printed; the other files still run.
+Summary run_files(const std::vector<std::string>& paths, RunOptions opt, std::ostream& out);
+
+}  // namespace opgym::cases

@@ -1,0 +1,96 @@
+// AVX2 + FMA + F16C "group of 32 floats" = four ymm registers (lanes 0-7, 8-15, 16-23, 24-31).
+// Compiled only in translation units built with -mavx2 -mfma -mf16c.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "core/storage.hpp"
+
+namespace opgym {
+namespace {  // NOLINT: internal linkage per instruction set, see convert.hpp
+
+struct Simd {
+  struct G { __m256 v[4]; };
+  static G splat(float s) { const __m256 x = _mm256_set1_ps(s); return {{x, x, x, x}}; }
+  static G mul(const G& a, const G& b) {
+    return {{_mm256_mul_ps(a.v[0], b.v[0]), _mm256_mul_ps(a.v[1], b.v[1]),
+             _mm256_mul_ps(a.v[2], b.v[2]), _mm256_mul_ps(a.v[3], b.v[3])}};
+  }
+  static G add(const G& a, const G& b) {
+    return {{_mm256_add_ps(a.v[0], b.v[0]), _mm256_add_ps(a.v[1], b.v[1]),
+             _mm256_add_ps(a.v[2], b.v[2]), _mm256_add_ps(a.v[3], b.v[3])}};
+  }
+  // Fold by halves, exactly as the scalar path: p[j] += p[j+16], += p[j+8], += p[j+4], ...
+  static float fold(const G& g) {
+    const __m256 h16 = _mm256_add_ps(g.v[0], g.v[2]);  // lanes 0-7  (+16)
+    const __m256 l16 = _mm256_add_ps(g.v[1], g.v[3]);  // lanes 8-15 (+16)
+    const __m256 h8 = _mm256_add_ps(h16, l16);          // j += j+8
+    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+    const __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));
+    return _mm_cvtss_f32(h1);
+  }
+
+  // bf16 <-> fp32 on 8 lanes.
+  static __m256 bf16x8_to_f32(__m128i h) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  // Round to nearest even in the integer domain; NaN -> 0x7fc0. Result: 8 x uint32 (low halves).
+  static __m256i f32_to_bf16_u32(__m256 f) {
+    const __m256i u = _mm256_castps_si256(f);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    r = _mm256_srli_epi32(r, 16);
+    const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
+  }
+  static __m256i pack_u32_pair(__m256i a, __m256i b) {  // 16 x u16 in order a[0..7], b[0..7]
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+  }
+
+  template <class T> static G load(const typename T::storage* p) {
+    G g;
+    if constexpr (T::dtype == DType::float32) {
+      for (int k = 0; k < 4; ++k) g.v[k] = _mm256_loadu_ps(p + 8 * k);
+    } else if constexpr (T::dtype == DType::float16) {
+      for (int k = 0; k < 4; ++k)
+        g.v[k] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * k)));
+    } else {
+      for (int k = 0; k < 4; ++k)
+        g.v[k] = bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * k)));
+    }
+    return g;
+  }
+  template <class T> static void store(typename T::storage* p, const G& g) {
+    if constexpr (T::dtype == DType::float32) {
+      for (int k = 0; k < 4; ++k) _mm256_storeu_ps(p + 8 * k, g.v[k]);
+    } else if constexpr (T::dtype == DType::float16) {
+      for (int k = 0; k < 4; ++k)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8 * k),
+                         _mm256_cvtps_ph(g.v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+      for (int k = 0; k < 4; k += 2)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 8 * k),
+                            pack_u32_pair(f32_to_bf16_u32(g.v[k]), f32_to_bf16_u32(g.v[k + 1])));
+    }
+  }
+  template <class T> static G round_trip(const G& g) {
+    if constexpr (T::dtype == DType::float32) {
+      return g;
+    } else if constexpr (T::dtype == DType::float16) {
+      G r;
+      for (int k = 0; k < 4; ++k)
+        r.v[k] = _mm256_cvtph_ps(_mm256_cvtps_ph(g.v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      return r;
+    } else {
+      G r;
+      for (int k = 0; k < 4; ++k)
+        r.v[k] = _mm256_castsi256_ps(_mm256_slli_epi32(f32_to_bf16_u32(g.v[k]), 16));
+      return r;
+    }
+  }
+};
+
+}  // namespace
+}  // namespace opgym

@@ -1,0 +1,47 @@
+// What the front (rms_norm.cpp) hands the per-ISA CPU kernels: one validated call, flattened to rows.
+#pragma once
+#include <cstdint>
+
+#include "opgym/rms_norm.hpp"
+
+namespace opgym::detail {
+
+struct RmsNormJob {
+  const char* x = nullptr;   // base pointers (bytes)
+  const char* w = nullptr;
+  char* out = nullptr;
+  DType x_dtype{}, w_dtype{}, out_dtype{};
+  NormMode mode = NormMode::hf;
+  bool weight_offset = false;
+  float eps = 0.f;           // already rounded to fp32, as torch adds it to an fp32 tensor
+  int64_t dim = 0;
+  // Row addressing: row r starts at x + offset(r) elements. When the leading dims collapse to one
+  // stride, offset(r) = r * stride; otherwise r is unravelled over the leading dims.
+  bool collapse = true;
+  int64_t x_row_stride = 0, out_row_stride = 0;
+  int lead_rank = 0;
+  int64_t lead_shape[kMaxRank] = {}, x_lead_strides[kMaxRank] = {}, out_lead_strides[kMaxRank] = {};
+
+  void row_offsets(int64_t r, int64_t& xo, int64_t& oo) const {
+    if (collapse) { xo = r * x_row_stride; oo = r * out_row_stride; return; }
+    xo = oo = 0;
+    for (int d = lead_rank - 1; d >= 0; --d) {
+      const int64_t i = r % lead_shape[d];
+      r /= lead_shape[d];
+      xo += i * x_lead_strides[d];
+      oo += i * out_lead_strides[d];
+    }
+  }
+};
+
+// Normalizes rows [begin, end) of the job. One per instruction set; each lives in its own TU.
+void rms_norm_rows_scalar(const RmsNormJob& job, int64_t begin, int64_t end);
+void rms_norm_rows_avx2(const RmsNormJob& job, int64_t begin, int64_t end);
+void rms_norm_rows_avx512(const RmsNormJob& job, int64_t begin, int64_t end);
+
+// Each path's vector fp32 -> dtype rounding (n a multiple of 32), for tests.
+void round_f32_scalar(DType to, const float* in, void* out, int64_t n);
+void round_f32_avx2(DType to, const float* in, void* out, int64_t n);
+void round_f32_avx512(DType to, const float* in, void* out, int64_t n);
+
+}  // namespace opgym::detail

@@ -1,0 +1,164 @@
+// The RMSNorm front: checks every argument (nothing is written on error), derives the tile plan,
+// and runs the per-ISA row kernel over row blocks on the executor.
+#include "opgym/rms_norm.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+
+#include "core/checks.hpp"
+#include "ops/rms_norm/kernel.hpp"
+
+namespace opgym {
+
+const char* mode_name(NormMode m) { return m == NormMode::hf ? "hf" : "fp32"; }
+
+NormMode parse_mode(std::string_view n) {
+  if (n == "hf") return NormMode::hf;
+  if (n == "fp32") return NormMode::fp32;
+  throw Error("mode", "rms_norm: mode must be 'hf' or 'fp32', got '" + std::string(n) + "'");
+}
+
+namespace {
+
+// Input bytes a row block aims for: big enough to amortize a task claim (~100 ns), small enough
+// that 2..64 threads get several blocks each on a prefill-sized tensor.
+constexpr int64_t kBlockBytes = 64 * 1024;
+// Below this many bytes moved (read + write) a call stays on one thread: waking workers costs
+// a few microseconds, which is what a call of this size takes in total.
+constexpr int64_t kParallelBytes = 256 * 1024;
+
+using RowsFn = void (*)(const detail::RmsNormJob&, int64_t, int64_t);
+
+RowsFn rows_fn(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::avx512: return detail::rms_norm_rows_avx512;
+    case CpuIsa::avx2: return detail::rms_norm_rows_avx2;
+    default: return detail::rms_norm_rows_scalar;
+  }
+}
+
+// Leading dims collapse to one row stride when, skipping size-1 dims, each dim's stride is the
+// next inner one's stride times that one's size; the row stride is then the innermost's stride.
+bool leading_collapse(const TensorView& t, int64_t& row_stride) {
+  row_stride = t.last_dim();
+  int inner = -1;
+  for (int d = t.rank - 2; d >= 0; --d) {
+    if (t.shape[d] == 1) continue;
+    if (inner < 0) row_stride = t.strides[d];
+    else if (t.strides[d] != t.strides[inner] * t.shape[inner]) return false;
+    inner = d;
+  }
+  return true;
+}
+
+}  // namespace
+
+RmsNormPlan plan_rms_norm(const TensorView& x, DType weight_dtype, int threads) {
+  detail::check_view(x, "x", "rms_norm", /*need_data=*/false);
+  RmsNormPlan p;
+  p.dim = x.last_dim();
+  p.rows = x.rows();
+  p.x_dtype = x.dtype;
+  p.w_dtype = weight_dtype;
+  p.out_dtype = rms_norm_out_dtype(x.dtype, weight_dtype);
+  int64_t rs;
+  p.rows_collapse = leading_collapse(x, rs);
+  p.isa = active_cpu_isa();
+  p.vector_elems = p.isa == CpuIsa::avx512 ? 16 : p.isa == CpuIsa::avx2 ? 8 : 1;
+  p.vector_body = p.dim - p.dim % kSumLanes;
+  p.tail = p.dim - p.vector_body;
+  const int64_t row_bytes = std::max<int64_t>(1, p.dim * static_cast<int64_t>(dtype_size(x.dtype)));
+  p.row_block = std::max<int64_t>(1, kBlockBytes / row_bytes);
+  p.blocks = p.rows == 0 ? 0 : (p.rows + p.row_block - 1) / p.row_block;
+  const int64_t moved = p.rows * p.dim * static_cast<int64_t>(dtype_size(x.dtype) + dtype_size(p.out_dtype));
+  const int avail = threads > 0 ? threads : default_executor().max_threads();
+  if (moved < kParallelBytes || p.blocks < 2) {
+    p.threads = 1;
+    p.row_block = std::max<int64_t>(p.rows, 1);
+    p.blocks = p.rows == 0 ? 0 : 1;
+  } else {
+    p.threads = static_cast<int>(std::min<int64_t>(avail, p.blocks));
+  }
+  return p;
+}
+
+std::string RmsNormPlan::describe() const {
+  std::ostringstream o;
+  o << "rms_norm plan\n"
+    << "  dtypes        x " << dtype_name(x_dtype) << ", weight " << dtype_name(w_dtype) << " -> out "
+    << dtype_name(out_dtype) << "\n"
+    << "  rows          " << rows << " (leading dims " << (rows_collapse ? "collapse to one row stride" : "walked by index")
+    << ")\n"
+    << "  last dim      " << dim << " handled whole: " << vector_body / kSumLanes << " groups of " << kSumLanes
+    << " (" << (isa == CpuIsa::scalar ? "scalar lanes" : std::to_string(kSumLanes / vector_elems) + " x " +
+                                                           std::to_string(vector_elems) + "-lane vectors")
+    << ") + tail " << tail << "\n"
+    << "  row blocks    " << blocks << " of " << row_block << " rows\n"
+    << "  threads       " << threads << "\n"
+    << "  isa           " << isa_name(isa) << "\n";
+  return o.str();
+}
+
+void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& out,
+              const RmsNormOptions& opt, Executor* executor) {
+  static constexpr const char* op = "rms_norm";
+  detail::check_view(x, "x", op);
+  detail::check_view(weight, "weight", op);
+  detail::check_view(out, "out", op);
+  const int64_t dim = x.last_dim();
+  if (weight.rank != 1 || weight.shape[0] != dim)
+    throw Error("weight", std::string(op) + ": weight must have shape [" + std::to_string(dim) +
+                              "] (the last dim of x), got " + weight.shape_str());
+  const DType out_dtype = rms_norm_out_dtype(x.dtype, weight.dtype);
+  if (out.rank != x.rank || !std::equal(x.shape.begin(), x.shape.begin() + x.rank, out.shape.begin()))
+    throw Error("out", std::string(op) + ": out must have the shape of x " + x.shape_str() + ", got " + out.shape_str());
+  if (out.dtype != out_dtype)
+    throw Error("out", std::string(op) + ": out must have dtype " + dtype_name(out_dtype) + " (promotion of weight " +
+                           dtype_name(weight.dtype) + " and x " + dtype_name(x.dtype) + "), got " + dtype_name(out.dtype));
+  if (!std::isfinite(opt.eps) || opt.eps < 0)
+    throw Error("eps", std::string(op) + ": eps must be a finite number >= 0, got " + std::to_string(opt.eps));
+  if (x.numel() == 0) return;  // zero rows (or a zero last dim): nothing to do
+  detail::check_no_self_overlap(out, "out", op);
+  const bool in_place = detail::same_memory(x, out);
+  if (!in_place) detail::check_disjoint(x, "x", out, "out", op);
+  detail::check_disjoint(weight, "weight", out, "out", op);
+
+  Executor& ex = executor ? *executor : default_executor();
+  const RmsNormPlan plan = plan_rms_norm(x, weight.dtype, ex.max_threads());
+
+  detail::RmsNormJob job;
+  job.x = static_cast<const char*>(x.data);
+  job.w = static_cast<const char*>(weight.data);
+  job.out = static_cast<char*>(out.data);
+  job.x_dtype = x.dtype;
+  job.w_dtype = weight.dtype;
+  job.out_dtype = out_dtype;
+  job.mode = opt.mode;
+  job.weight_offset = opt.weight_offset;
+  job.eps = static_cast<float>(opt.eps);
+  job.dim = dim;
+  int64_t xs = 0, os = 0;
+  job.collapse = leading_collapse(x, xs) && leading_collapse(out, os);
+  job.x_row_stride = xs;
+  job.out_row_stride = os;
+  job.lead_rank = x.rank - 1;
+  for (int d = 0; d < job.lead_rank; ++d) {
+    job.lead_shape[d] = x.shape[d];
+    job.x_lead_strides[d] = x.strides[d];
+    job.out_lead_strides[d] = out.strides[d];
+  }
+
+  const RowsFn fn = rows_fn(plan.isa);
+  if (plan.blocks <= 1) {  // decode-sized: stay on the calling thread
+    fn(job, 0, plan.rows);
+    return;
+  }
+  const int64_t rb = plan.row_block, rows = plan.rows;
+  ex.parallel_for(plan.blocks, 1, [&](int64_t b0, int64_t b1) {
+    fn(job, b0 * rb, std::min(rows, b1 * rb));
+  });
+}
+
+}  // namespace opgym
