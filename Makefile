@@ -32,7 +32,7 @@ build: deps
 	cmake --build build -j $(JOBS)
 
 build-asan: deps
-	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPGYM_SANITIZE=ON -DOPGYM_BUILD_BENCH=OFF $(CMAKE_ARGS) >/dev/null
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPGYM_SANITIZE=ON -DOPGYM_BUILD_BENCH=OFF -DOPGYM_CUDA=off $(CMAKE_ARGS) >/dev/null
 	cmake --build build-asan -j $(JOBS)
 
 test-cpp: build
