@@ -1,0 +1,24 @@
+"""opgym: fused transformer operators with exact numerics, as torch operators and HF model patches.
+
+    import opgym
+    y = opgym.rms_norm(x, weight, eps=1e-6)          # torch.ops.opgym.rms_norm
+    handle = opgym.patch(model)                       # fused RMSNorm in an HF model; handle.undo()
+    with opgym.capture(model) as cap: model.generate(...)   # the shapes RMSNorm really sees
+"""
+from __future__ import annotations
+
+from ._ops import available, build_info, load_error, rms_norm, rms_norm_, rms_norm_out
+from .patch import PatchHandle, find_rms_norms, patch, reset_stats, stats
+
+__version__ = "0.1.0"
+
+
+def capture(model, **kwargs):
+    """Context manager recording every RMSNorm call of `model`; see opgym.capture.Capture."""
+    from .capture import Capture
+
+    return Capture(model, **kwargs)
+
+
+__all__ = ["available", "build_info", "capture", "find_rms_norms", "load_error", "patch", "PatchHandle",
+           "reset_stats", "rms_norm", "rms_norm_", "rms_norm_out", "stats", "__version__"]

@@ -1,0 +1,82 @@
+"""Loads the compiled operators (opgym/_C.so) into torch.ops.opgym and wraps them thinly.
+
+The library is a plain shared object registered through TORCH_LIBRARY; loading it needs no compiler.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+_LIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_C.so")
+_load_error: str | None = None
+
+
+def _load() -> None:
+    global _load_error
+    if hasattr(torch.ops.opgym, "rms_norm") and _safe_has_op():
+        return
+    if not os.path.exists(_LIB):
+        _load_error = (f"opgym's compiled operators are missing ({_LIB}); "
+                       "build them with `pip install --no-build-isolation .` (make install-python)")
+        return
+    try:
+        torch.ops.load_library(_LIB)
+    except OSError as e:  # e.g. built against another torch
+        _load_error = f"cannot load {_LIB}: {e}"
+
+
+def _safe_has_op() -> bool:
+    try:
+        torch.ops.opgym.rms_norm.default
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_load()
+
+
+def available() -> bool:
+    """True when the compiled operators are registered with torch."""
+    return _load_error is None and _safe_has_op()
+
+
+def load_error() -> str | None:
+    return _load_error
+
+
+def _require() -> None:
+    if _load_error is not None:
+        raise RuntimeError(_load_error)
+
+
+def build_info() -> str:
+    """A line naming the version, the CPU instruction set in use and whether CUDA operators exist."""
+    _require()
+    return torch.ops.opgym.build_info()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, mode: str = "hf",
+             weight_offset: bool = False) -> torch.Tensor:
+    """RMSNorm of x over its last dim, scaled by weight (or 1 + weight with weight_offset).
+
+    mode "hf" matches HF eager Llama/Qwen2 RMSNorm bit for bit; "fp32" rounds once at the end.
+    The result has x's shape and torch's promotion of (weight, x) as dtype.
+    """
+    _require()
+    return torch.ops.opgym.rms_norm(x, weight, float(eps), mode, weight_offset)
+
+
+def rms_norm_out(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, mode: str = "hf",
+                 weight_offset: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+    """rms_norm into a preallocated `out` (x's shape, promoted dtype); returns out."""
+    _require()
+    return torch.ops.opgym.rms_norm_out(x, weight, float(eps), mode, weight_offset, out=out)
+
+
+def rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, mode: str = "hf",
+              weight_offset: bool = False) -> torch.Tensor:
+    """rms_norm in place in x; only when the output dtype equals x's (e.g. weight and x both bf16)."""
+    _require()
+    return torch.ops.opgym.rms_norm_(x, weight, float(eps), mode, weight_offset)

@@ -1,0 +1,206 @@
+// opgym's torch operators: schemas (TORCH_LIBRARY), CPU kernels that call the C++ core on torch's
+// intra-op thread pool, and Meta kernels (shape + promoted dtype) for fake tensors / torch.compile.
+//
+//   opgym::rms_norm(Tensor x, Tensor weight, float eps, str mode="hf", bool weight_offset=False) -> Tensor
+//   opgym::rms_norm_out(Tensor x, Tensor weight, float eps, str mode="hf", bool weight_offset=False, *,
+//                       Tensor(a!) out) -> Tensor(a!)
+//   opgym::rms_norm_(Tensor(a!) x, Tensor weight, float eps, str mode="hf", bool weight_offset=False) -> Tensor(a!)
+//
+// The output dtype is torch's promotion of (weight, x), as HF's `weight * h.to(x.dtype)` gives it; the
+// functional form returns a contiguous tensor of x's shape. No autograd formula is registered: the
+// ops are for inference (opgym.patch runs the module's own forward whenever a gradient is needed).
+// Every bad argument raises a Python exception naming it (ValueError for values, RuntimeError for
+// devices); nothing aborts.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <exception>
+#include <string>
+
+#include "opgym/opgym.hpp"
+
+namespace {
+
+// Runs the core's row blocks on torch's intra-op pool, so torch.set_num_threads governs opgym too
+// and a call made from inside a torch parallel region stays on its thread.
+class AtenExecutor final : public opgym::Executor {
+ public:
+  int max_threads() const override { return at::in_parallel_region() ? 1 : at::get_num_threads(); }
+  void parallel_for(int64_t n, int64_t grain, opgym::FunctionRef<void(int64_t, int64_t)> fn) override {
+    at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fn(b, e); });
+  }
+};
+
+AtenExecutor& aten_executor() {
+  static AtenExecutor ex;
+  return ex;
+}
+
+opgym::DType to_opgym_dtype(at::ScalarType t, const char* name) {
+  switch (t) {
+    case at::kFloat: return opgym::DType::float32;
+    case at::kHalf: return opgym::DType::float16;
+    case at::kBFloat16: return opgym::DType::bfloat16;
+    default:
+      TORCH_CHECK_VALUE(false, "opgym::rms_norm: ", name, " has dtype ", t,
+                        "; expected torch.float32, torch.float16 or torch.bfloat16");
+  }
+  return opgym::DType::float32;  // not reached
+}
+
+at::ScalarType to_aten_dtype(opgym::DType t) {
+  switch (t) {
+    case opgym::DType::float16: return at::kHalf;
+    case opgym::DType::bfloat16: return at::kBFloat16;
+    default: return at::kFloat;
+  }
+}
+
+// Checks that need no data: layout, dtype, rank, weight's shape. Shared by the CPU and Meta kernels
+// so fake tensors raise what real ones do. Returns the output dtype.
+at::ScalarType check_common(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode) {
+  TORCH_CHECK_VALUE(x.defined(), "opgym::rms_norm: x is undefined");
+  TORCH_CHECK_VALUE(weight.defined(), "opgym::rms_norm: weight is undefined");
+  TORCH_CHECK_VALUE(x.layout() == at::kStrided, "opgym::rms_norm: x must be a strided (dense) tensor, got layout ", x.layout());
+  TORCH_CHECK_VALUE(weight.layout() == at::kStrided, "opgym::rms_norm: weight must be a strided (dense) tensor, got layout ",
+                    weight.layout());
+  const opgym::DType xd = to_opgym_dtype(x.scalar_type(), "x");
+  const opgym::DType wd = to_opgym_dtype(weight.scalar_type(), "weight");
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.dim() <= opgym::kMaxRank, "opgym::rms_norm: x must have 1 to ", opgym::kMaxRank,
+                    " dims, got ", x.dim());
+  TORCH_CHECK_VALUE(weight.dim() == 1, "opgym::rms_norm: weight must be 1-D of size ", x.sym_size(-1),
+                    " (the last dim of x), got shape ", weight.sym_sizes());
+  TORCH_SYM_CHECK(weight.sym_size(0).sym_eq(x.sym_size(-1)), "opgym::rms_norm: weight must have shape [", x.sym_size(-1),
+                  "] (the last dim of x), got ", weight.sym_sizes());
+  TORCH_CHECK_VALUE(mode == "hf" || mode == "fp32", "opgym::rms_norm: mode must be 'hf' or 'fp32', got '", mode, "'");
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, "opgym::rms_norm: eps must be a finite number >= 0, got ", eps);
+  return to_aten_dtype(opgym::rms_norm_out_dtype(xd, wd));
+}
+
+void check_device(const at::Tensor& t, const char* name, const at::Device& want) {
+  TORCH_CHECK(t.device() == want, "opgym::rms_norm: ", name, " is on ", t.device(), " but x is on ", want,
+              "; every tensor must be on one device");
+}
+
+opgym::TensorView view_of(const at::Tensor& t) {
+  const int64_t rank = t.dim();
+  return opgym::TensorView::strided(t.data_ptr(), to_opgym_dtype(t.scalar_type(), "tensor"), t.sizes().data(),
+                                    t.strides().data(), static_cast<int>(rank));
+}
+
+// Runs the core; opgym::Error (which names the argument) becomes a ValueError.
+void run_core(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, double eps, c10::string_view mode,
+              bool weight_offset) {
+  try {
+    opgym::RmsNormOptions o;
+    o.eps = eps;
+    o.mode = opgym::parse_mode(std::string_view(mode.data(), mode.size()));
+    o.weight_offset = weight_offset;
+    opgym::rms_norm(view_of(x), view_of(weight), view_of(out), o, &aten_executor());
+  } catch (const opgym::Error& e) {
+    TORCH_CHECK_VALUE(false, "opgym::", e.what(), " [argument: ", e.argument(), "]");
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "opgym::rms_norm: ", e.what());
+  }
+}
+
+// ---- CPU ----------------------------------------------------------------------------------------
+
+at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
+                        bool weight_offset) {
+  const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
+  check_device(weight, "weight", x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(out_dtype).memory_format(at::MemoryFormat::Contiguous));
+  run_core(x, weight, out, eps, mode, weight_offset);
+  return out;
+}
+
+at::Tensor& rms_norm_out_cpu(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
+                             bool weight_offset, at::Tensor& out) {
+  const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
+  check_device(weight, "weight", x.device());
+  check_device(out, "out", x.device());
+  TORCH_CHECK_VALUE(out.scalar_type() == out_dtype, "opgym::rms_norm_out: out must have dtype ", out_dtype,
+                    " (torch's promotion of weight ", weight.scalar_type(), " and x ", x.scalar_type(), "), got ",
+                    out.scalar_type());
+  TORCH_CHECK_VALUE(out.sizes() == x.sizes(), "opgym::rms_norm_out: out must have the shape of x ", x.sizes(), ", got ",
+                    out.sizes());
+  run_core(x, weight, out, eps, mode, weight_offset);
+  return out;
+}
+
+at::Tensor& rms_norm_inplace_cpu(at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
+                                 bool weight_offset) {
+  const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
+  check_device(weight, "weight", x.device());
+  TORCH_CHECK_VALUE(out_dtype == x.scalar_type(), "opgym::rms_norm_: in place needs an output dtype equal to x's ",
+                    x.scalar_type(), ", but weight ", weight.scalar_type(), " promotes it to ", out_dtype,
+                    "; use opgym::rms_norm or rms_norm_out");
+  run_core(x, weight, x, eps, mode, weight_offset);
+  return x;
+}
+
+// ---- Meta (fake tensors, torch.compile): shapes and dtypes only, symbolic sizes allowed ----------
+
+at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
+                         bool /*weight_offset*/) {
+  const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
+  return at::empty_symint(x.sym_sizes(), x.options().dtype(out_dtype), at::MemoryFormat::Contiguous);
+}
+
+at::Tensor& rms_norm_out_meta(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
+                              bool /*weight_offset*/, at::Tensor& out) {
+  const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
+  TORCH_CHECK_VALUE(out.scalar_type() == out_dtype, "opgym::rms_norm_out: out must have dtype ", out_dtype, ", got ",
+                    out.scalar_type());
+  TORCH_CHECK_VALUE(out.dim() == x.dim(), "opgym::rms_norm_out: out must have the shape of x ", x.sym_sizes(), ", got ",
+                    out.sym_sizes());
+  for (int64_t d = 0; d < x.dim(); ++d)
+    TORCH_SYM_CHECK(out.sym_size(d).sym_eq(x.sym_size(d)), "opgym::rms_norm_out: out must have the shape of x ",
+                    x.sym_sizes(), ", got ", out.sym_sizes());
+  return out;
+}
+
+at::Tensor& rms_norm_inplace_meta(at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
+                                  bool /*weight_offset*/) {
+  const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
+  TORCH_CHECK_VALUE(out_dtype == x.scalar_type(), "opgym::rms_norm_: in place needs an output dtype equal to x's ",
+                    x.scalar_type(), ", but weight ", weight.scalar_type(), " promotes it to ", out_dtype);
+  return x;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(opgym, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, str mode=\"hf\", bool weight_offset=False) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("rms_norm_out(Tensor x, Tensor weight, float eps, str mode=\"hf\", bool weight_offset=False, *, "
+        "Tensor(a!) out) -> Tensor(a!)",
+        {at::Tag::out, at::Tag::pt2_compliant_tag});
+  m.def("rms_norm_(Tensor(a!) x, Tensor weight, float eps, str mode=\"hf\", bool weight_offset=False) -> Tensor(a!)",
+        {at::Tag::inplace, at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(opgym, CPU, m) {
+  m.impl("rms_norm", &rms_norm_cpu);
+  m.impl("rms_norm_out", &rms_norm_out_cpu);
+  m.impl("rms_norm_", &rms_norm_inplace_cpu);
+}
+
+TORCH_LIBRARY_IMPL(opgym, Meta, m) {
+  m.impl("rms_norm", &rms_norm_meta);
+  m.impl("rms_norm_out", &rms_norm_out_meta);
+  m.impl("rms_norm_", &rms_norm_inplace_meta);
+}
+
+// Lets Python ask what this build has, without a pybind module.
+TORCH_LIBRARY_FRAGMENT(opgym, m) {
+  m.def("build_info() -> str", []() -> std::string {
+    return std::string("opgym ") + opgym::kVersion + "; cpu isa " + opgym::isa_name(opgym::active_cpu_isa()) +
+           "; cpu features: " + opgym::cpu_features() + "; cuda operators: " + (OPGYM_EXT_CUDA ? "yes" : "no");
+  });
+}

@@ -1,0 +1,282 @@
+"""Injection into HF Transformers models: `opgym.patch(model)` swaps the forward of every RMSNorm
+module instance for one that calls torch.ops.opgym.rms_norm, and `handle.undo()` puts it back.
+
+Nothing in transformers is edited: the patched forward is an attribute of each module instance.
+
+Which modules: a module whose class carries HF's `kernel_layer_name == "RMSNorm"` label (set by
+`use_kernel_forward_from_hub("RMSNorm")`, e.g. Qwen2_5_VLRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm,
+LlamaRMSNorm), or whose class name ends in "RMSNorm", that has a 1-D `weight` and a
+`variance_epsilon` or `eps` attribute. Classes that scale by (1 + weight) (Gemma and the like) or
+otherwise do not compute HF's Llama-style formula are skipped: each class is probed once on a small
+random input against its own forward, and only classes that agree are patched (`handle.skipped`
+lists the others with the reason).
+
+At call time the fused path is taken when OPGYM_RMS_NORM is not "0", the input is one the kernel
+serves (device with an opgym kernel, float32/float16/bfloat16, last dim contiguous, same device as
+the weight) and no gradient is needed (the op has no backward); anything else, and any error from
+opgym, runs the module's original forward. The model never raises because of opgym.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+import types
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from . import _ops
+
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ENV_SWITCH = "OPGYM_RMS_NORM"
+
+
+# ---- counters -----------------------------------------------------------------------------------
+
+@dataclass
+class Stats:
+    """Calls through patched modules: `fused` ran opgym's kernel, `fallback` ran the original forward
+    (with the reason counted in `reasons`)."""
+    fused: int = 0
+    fallback: int = 0
+    reasons: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"fused": self.fused, "fallback": self.fallback, "reasons": dict(self.reasons)}
+
+    def reset(self) -> None:
+        self.fused = 0
+        self.fallback = 0
+        self.reasons.clear()
+
+
+_GLOBAL = Stats()
+_LOCK = threading.Lock()
+
+
+def stats() -> dict:
+    """Process-wide counts of patched RMSNorm calls: {"fused", "fallback", "reasons"}."""
+    return _GLOBAL.as_dict()
+
+
+def reset_stats() -> None:
+    _GLOBAL.reset()
+
+
+def enabled() -> bool:
+    """The run-time switch: OPGYM_RMS_NORM=0 (or false/off/no) turns the fused path off."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+# ---- which modules --------------------------------------------------------------------------------
+
+def _eps_of(module: nn.Module) -> float | None:
+    for name in ("variance_epsilon", "eps"):
+        v = getattr(module, name, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def is_rms_norm(module: nn.Module) -> bool:
+    """HF-labelled or RMSNorm-named, with a 1-D weight and an eps attribute."""
+    cls = type(module)
+    labelled = getattr(cls, "kernel_layer_name", None) == "RMSNorm"
+    named = cls.__name__.endswith("RMSNorm")
+    if not (labelled or named):
+        return False
+    w = getattr(module, "weight", None)
+    return isinstance(w, torch.Tensor) and w.dim() == 1 and _eps_of(module) is not None
+
+
+def find_rms_norms(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, m) for name, m in model.named_modules() if is_rms_norm(m)]
+
+
+def _offset_style(cls: type) -> bool:
+    """Gemma-style norms scale by (1 + weight); the plain formula would be wrong for them."""
+    if "Gemma" in cls.__name__:
+        return True
+    try:
+        src = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    compact = src.replace(" ", "")
+    return "1.0+self.weight" in compact or "1+self.weight" in compact or "self.weight+1" in compact
+
+
+def _probe(module: nn.Module, forward) -> str | None:
+    """Runs the module's own forward and opgym on one small random input; None when they agree.
+
+    Only where the weight is on the CPU in a float dtype opgym reads (a meta or accelerator weight is
+    judged by the class checks alone; the call-time checks still guard every call)."""
+    w = module.weight
+    if w.device.type != "cpu" or w.dtype not in _FUSED_DTYPES:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, w.shape[0], generator=gen).to(w.dtype)
+    try:
+        with torch.no_grad():
+            want = forward(x)
+            got = torch.ops.opgym.rms_norm(x, w, _eps_of(module), "hf", False)
+    except Exception as e:  # noqa: BLE001 - a probe failure means: do not patch
+        return f"probe failed: {type(e).__name__}: {e}"
+    if not isinstance(want, torch.Tensor) or want.shape != got.shape or want.dtype != got.dtype:
+        return f"forward's output is not {tuple(got.shape)} {got.dtype} as opgym's"
+    tol = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}[w.dtype]
+    if not torch.allclose(want.float(), got.float(), rtol=tol, atol=tol):
+        return "forward does not compute HF's RMSNorm (x * rsqrt(mean(x^2) + eps) * weight)"
+    return None
+
+
+# ---- the patched forward ------------------------------------------------------------------------
+
+def _devices_with_kernel() -> frozenset:
+    devs = {"cpu"}
+    try:
+        if torch._C._dispatch_has_kernel_for_dispatch_key("opgym::rms_norm", "CUDA"):
+            devs.add("cuda")
+    except Exception:  # noqa: BLE001
+        pass
+    return frozenset(devs)
+
+
+def _fallback_reason(x, w, devices) -> str | None:
+    if not isinstance(x, torch.Tensor):
+        return "input is not a tensor"
+    if x.device.type not in devices:
+        return f"no opgym kernel for device {x.device.type}"
+    if x.dtype not in _FUSED_DTYPES or w.dtype not in _FUSED_DTYPES:
+        return f"dtype {x.dtype}/{w.dtype} not supported"
+    if w.device != x.device:
+        return "weight and input on different devices"
+    if x.dim() < 1 or x.shape[-1] != w.shape[0]:
+        return "shape mismatch"
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        return "last dim not contiguous"
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        return "gradient needed (opgym::rms_norm has no backward)"
+    return None
+
+
+def _count(stats_list, fused: bool, reason: str | None = None) -> None:
+    for s in stats_list:
+        if fused:
+            s.fused += 1
+        else:
+            s.fallback += 1
+            s.reasons[reason] = s.reasons.get(reason, 0) + 1
+
+
+def _make_forward(module: nn.Module, original, eps: float, handle_stats: Stats, devices):
+    counters = (_GLOBAL, handle_stats)
+
+    def forward(self, hidden_states, *args, **kwargs):
+        if args or kwargs:
+            _count(counters, False, "extra arguments")
+            return original(hidden_states, *args, **kwargs)
+        if not enabled():
+            _count(counters, False, f"{ENV_SWITCH}=0")
+            return original(hidden_states)
+        reason = _fallback_reason(hidden_states, self.weight, devices)
+        if reason is not None:
+            _count(counters, False, reason)
+            return original(hidden_states)
+        try:
+            out = torch.ops.opgym.rms_norm(hidden_states, self.weight, eps, "hf", False)
+        except Exception as e:  # noqa: BLE001 - never raise because of opgym
+            _count(counters, False, f"opgym error: {type(e).__name__}")
+            return original(hidden_states)
+        _count(counters, True)
+        return out
+
+    return types.MethodType(forward, module)
+
+
+class PatchHandle:
+    """What `opgym.patch` returns: `undo()`, `stats()`, `reset_stats()`, the patched module paths
+    (`patched`) and the skipped ones with reasons (`skipped`). Also a context manager."""
+
+    def __init__(self, model: nn.Module):
+        self._model = weakref.ref(model)
+        self._saved: list[tuple[nn.Module, bool, object]] = []  # (module, had own forward, its value)
+        self.patched: list[str] = []
+        self.skipped: dict[str, str] = {}
+        self._stats = Stats()
+        self.active = False
+
+    def stats(self) -> dict:
+        return self._stats.as_dict()
+
+    def reset_stats(self) -> None:
+        self._stats.reset()
+
+    def undo(self) -> None:
+        """Restores every patched module's forward; safe to call twice."""
+        for module, had_own, value in reversed(self._saved):
+            if had_own:
+                module.forward = value
+            else:
+                module.__dict__.pop("forward", None)
+            module.__dict__.pop("_opgym_patched", None)
+        self._saved.clear()
+        self.active = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.undo()
+
+    def __repr__(self) -> str:
+        return f"PatchHandle(patched={len(self.patched)}, skipped={len(self.skipped)}, active={self.active})"
+
+
+SUPPORTED_OPS = ("rms_norm",)
+
+
+def patch(model: nn.Module, ops=("rms_norm",)) -> PatchHandle:
+    """Replaces the forward of every RMSNorm module of `model` with opgym's fused kernel.
+
+    Returns a PatchHandle; `handle.undo()` restores the model. Raises ValueError for an unknown op
+    name or a model without any RMSNorm module, RuntimeError when the compiled operators are missing.
+    """
+    if isinstance(ops, str):
+        ops = (ops,)
+    unknown = [o for o in ops if o not in SUPPORTED_OPS]
+    if unknown:
+        raise ValueError(f"opgym.patch: unknown op(s) {unknown}; supported: {list(SUPPORTED_OPS)}")
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"opgym.patch: expected a torch.nn.Module, got {type(model).__name__}")
+    _ops._require()
+    found = find_rms_norms(model)
+    if not found:
+        raise ValueError(
+            f"opgym.patch: {type(model).__name__} has no RMSNorm module (looked for classes labelled "
+            "kernel_layer_name == 'RMSNorm' or named *RMSNorm with a 1-D weight and variance_epsilon/eps)")
+    handle = PatchHandle(model)
+    devices = _devices_with_kernel()
+    verdict: dict[type, str | None] = {}
+    for name, module in found:
+        if module.__dict__.get("_opgym_patched"):
+            handle.skipped[name] = "already patched by another handle"
+            continue
+        cls = type(module)
+        had_own = "forward" in module.__dict__
+        original = module.__dict__["forward"] if had_own else module.forward
+        if cls not in verdict:
+            verdict[cls] = ("scales by (1 + weight) (Gemma-style)" if _offset_style(cls)
+                            else _probe(module, original))
+        if verdict[cls] is not None:
+            handle.skipped[name] = f"{cls.__name__}: {verdict[cls]}"
+            continue
+        eps = _eps_of(module)
+        handle._saved.append((module, had_own, module.__dict__.get("forward")))
+        module.forward = _make_forward(module, original, eps, handle._stats, devices)
+        module.__dict__["_opgym_patched"] = True
+        handle.patched.append(name)
+    handle.active = bool(handle.patched)
+    return handle
