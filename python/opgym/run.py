@@ -1,0 +1,819 @@
+"""`opgym run`: the whole-network A/B of Qwen2.5-VL with and without opgym.
+
+One model, one set of inputs. First the baseline (HF's own modules, eager PyTorch), then the same
+model object patched by `opgym.patch` (and unpatched afterwards), each measured the same way:
+
+    warm-up      `--warmup` x (one full-logits forward + one greedy generate); the first warm-up
+                 forward's logits are kept for the agreement check
+    prefill      `--repeats` x one forward over the whole prompt (vision encoder + text, KV cache on,
+                 logits for the last position only: what generate's first step does); median
+    decode       `--repeats` x generate(do_sample=False, max_new_tokens = min_new_tokens = N);
+                 the time of each new token is taken from a streamer, so decode tokens/s is
+                 (N - 1) / (time of token N - time of token 1): the prefill is not in it; median
+    profile      one more prefill under torch.profiler, with every RMSNorm module call wrapped in a
+                 record_function range: RMSNorm time = the sum of those ranges (self + children),
+                 share = that / the whole forward's range
+    memory       CPU: the process's peak resident set (VmHWM from /proc/self/status), reset through
+                 /proc/self/clear_refs before each side; CUDA: torch.cuda.max_memory_allocated
+
+Bad input (a missing or malformed --model, an image that cannot be read, a checkpoint that is not
+Qwen2.5-VL, cuda without CUDA) ends with one line naming the problem and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Defaults for the embedded model, chosen so that the whole default `make run` (build, both sides,
+# agreement) takes about three minutes on the 2-core CI machine; see docs/RUN.md for the measurement.
+DEFAULT_TEXT_LAYERS = 4
+DEFAULT_VISION_BLOCKS = 4
+DEFAULT_MAX_NEW_TOKENS = 16
+DEFAULT_PAGE = (448, 448)
+DEFAULT_WARMUP = 1
+DEFAULT_REPEATS = 3
+
+RMS_LABEL = "opgym_run::rms_norm"
+FWD_LABEL = "opgym_run::forward"
+
+# Reduced widths for tests only (--testing-tiny): same code path, runs in seconds. The vocabulary
+# stays real (the special image token ids are in it).
+# Head dims stay real (text 128, so mrope_section [16, 24, 24] still fits; vision 80).
+TINY_WIDTHS = {
+    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 1,
+    "vision_config": {"hidden_size": 160, "intermediate_size": 320, "num_heads": 2, "out_hidden_size": 256},
+}
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit code 2."""
+
+
+# ----------------------------------------------------------------------------------------- options
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", metavar="PATH",
+                   help="local Qwen2.5-VL checkpoint directory (config.json, safetensors, tokenizer/processor "
+                        "files when present), loaded offline; default: the embedded Qwen2.5-VL-3B architecture "
+                        "with seeded random weights")
+    g.add_argument("--text-layers", type=int, default=None, metavar="N",
+                   help=f"decoder layers of the embedded model (default {DEFAULT_TEXT_LAYERS}; the real 3B has 36)")
+    g.add_argument("--vision-blocks", type=int, default=None, metavar="N",
+                   help=f"vision blocks of the embedded model (default {DEFAULT_VISION_BLOCKS}; the real 3B has 32)")
+    g.add_argument("--full-depth", action="store_true", help="all 36 text layers and 32 vision blocks")
+    g.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    g.add_argument("--attn", choices=("eager", "sdpa"), default="eager",
+                   help="HF attention implementation for both sides (default eager)")
+    g.add_argument("--seed", type=int, default=0, help="weights, synthetic page and token ids (default 0)")
+    g = parser.add_argument_group("input")
+    g.add_argument("--image", metavar="FILE", help="an image file; default: a synthetic page of rendered text")
+    g.add_argument("--page-size", default=f"{DEFAULT_PAGE[0]}x{DEFAULT_PAGE[1]}", metavar="WxH",
+                   help="size of the synthetic page (default %(default)s)")
+    g.add_argument("--prompt", default=None,
+                   help="prompt text (used with the checkpoint's tokenizer; without one, seeded token ids)")
+    g = parser.add_argument_group("measurement")
+    g.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, metavar="N",
+                   help="greedy tokens per generate (default %(default)s)")
+    g.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="N", help="warm-up rounds, at least 1: the first one's forward gives the logits compared (default %(default)s)")
+    g.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, metavar="N",
+                   help="timed runs of each phase; medians are reported (default %(default)s)")
+    g.add_argument("--compile", action="store_true", help="run both sides under torch.compile")
+    g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    g.add_argument("--ops", default="rms_norm", help="fused ops to apply, comma-separated (default %(default)s)")
+    g.add_argument("--threads", type=int, default=None, metavar="N", help="torch intra-op threads (default: torch's)")
+    g.add_argument("--report", metavar="FILE", help="write the full report as JSON")
+    g.add_argument("--no-progress", action="store_true", help="no progress display")
+    g.add_argument("--testing-tiny", action="store_true", help=argparse.SUPPRESS)
+
+
+# ----------------------------------------------------------------------------------------- helpers
+class Progress:
+    """A rich progress display on a terminal; plain timestamped lines otherwise (logs, CI)."""
+
+    def __init__(self, total: int, enabled: bool):
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        self.enabled = enabled
+        self.t0 = time.perf_counter()
+        self._rich = None
+        if enabled and self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, SpinnerColumn, TextColumn, \
+                TimeElapsedColumn
+
+            self._rich = RP(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=self.console, transient=True)
+            self._task = self._rich.add_task("starting", total=total)
+            self._rich.start()
+
+    def step(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._rich is not None:
+            self._rich.update(self._task, description=text)
+        else:
+            print(f"[{time.perf_counter() - self.t0:7.1f}s] {text}", file=sys.stderr, flush=True)
+
+    def done(self, n: int = 1) -> None:
+        if self._rich is not None:
+            self._rich.advance(self._task, n)
+
+    def close(self) -> None:
+        if self._rich is not None:
+            self._rich.stop()
+            self._rich = None
+
+
+class _TokenTimes:
+    """A generate() streamer that records when each put() arrives: first the prompt, then each token."""
+
+    def __init__(self, sync):
+        self.times: list[float] = []
+        self.sync = sync
+
+    def put(self, value):
+        self.sync()
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
+def _median(xs):
+    return float(statistics.median(xs)) if xs else None
+
+
+def _rss_kb(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+class PeakMemory:
+    """Peak memory of one side. CPU: the process's resident-set high-water mark (VmHWM), reset through
+    /proc/self/clear_refs (writing 5) after returning freed heap to the OS (malloc_trim); it includes
+    the weights. CUDA: torch.cuda.max_memory_allocated (tensors only, weights included)."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.kind = None
+
+    def reset(self) -> None:
+        import gc
+
+        import torch
+
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.kind = "torch.cuda.max_memory_allocated"
+            return
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.kind = "VmHWM (peak RSS, reset per side via /proc/self/clear_refs)"
+        except OSError:
+            self.kind = "ru_maxrss (process-lifetime peak RSS; could not reset per side)"
+
+    def peak_mb(self) -> float | None:
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() / 2**20
+        kb = _rss_kb("VmHWM")
+        if kb is None or self.kind.startswith("ru_maxrss"):
+            import resource
+
+            kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return kb / 1024
+
+
+class _Stash:
+    """A side's prefill logits, kept on disk (fp32) while the other side runs, so that they do not
+    count in its memory."""
+
+    def __init__(self, logits):
+        import tempfile
+
+        import torch
+
+        f = tempfile.NamedTemporaryFile(prefix="opgym-run-logits-", suffix=".pt", delete=False)
+        f.close()
+        self.path = f.name
+        torch.save(logits.detach().float().cpu(), self.path)
+
+    def load(self):
+        import torch
+
+        try:
+            return torch.load(self.path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _rms_modules(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+
+
+@contextlib.contextmanager
+def _rms_ranges(model, sync):
+    """Wraps every RMSNorm module call in a record_function range (and counts the calls).
+
+    Whatever runs inside the module's forward is inside the range: HF's eight aten ops for the
+    baseline; the patched forward and opgym's operator for the opgym side."""
+    from torch.autograd.profiler import record_function
+
+    stack, counter, handles = [], [0], []
+
+    def pre(module, args):
+        sync()
+        rf = record_function(RMS_LABEL)
+        rf.__enter__()
+        stack.append(rf)
+
+    def post(module, args, output):
+        sync()
+        stack.pop().__exit__(None, None, None)
+        counter[0] += 1
+
+    for m in _rms_modules(model):
+        handles.append(m.register_forward_pre_hook(pre))
+        handles.append(m.register_forward_hook(post))
+    try:
+        yield counter
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _environment(device: str) -> dict:
+    import torch
+    import transformers
+
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "device": device,
+    }
+    try:
+        import opgym
+
+        env["opgym"] = getattr(opgym, "__version__", None)
+    except Exception as e:  # noqa: BLE001
+        env["opgym"] = None
+        env["opgym_error"] = str(e)
+    cpu = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    env["cpu"] = cpu or platform.processor() or platform.machine()
+    env["opgym_build_info"] = None
+    env["isa"] = None
+    try:
+        import opgym
+
+        if hasattr(opgym, "build_info") and (not hasattr(opgym, "available") or opgym.available()):
+            info = str(opgym.build_info())
+            env["opgym_build_info"] = info
+            env["isa"] = _parse_isa(info)
+    except Exception:  # noqa: BLE001
+        pass
+    if env["isa"] is None:  # the C++ tool, when the package does not say
+        tool = Path(__file__).resolve().parents[2] / "build" / "opgym"
+        if tool.is_file():
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                out = subprocess.run([str(tool), "info"], capture_output=True, text=True, timeout=20).stdout
+                env["isa"] = _parse_isa(out)
+    if device == "cuda" and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def _parse_isa(text: str) -> str | None:
+    import re
+
+    m = re.search(r"\bisa[\s:=]+([A-Za-z0-9_]+)", text)
+    if m:
+        return m.group(1)
+    for isa in ("avx512", "avx2", "scalar"):
+        if isa in text.lower():
+            return isa
+    return None
+
+
+# ----------------------------------------------------------------------------------------- opgym API
+def _opgym():
+    try:
+        import opgym
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"the opgym package cannot be imported ({e})") from None
+    if hasattr(opgym, "available") and not opgym.available():
+        err = opgym.load_error() if hasattr(opgym, "load_error") else "unknown reason"
+        raise UsageError(f"opgym's compiled operators are not available: {err}")
+    if not hasattr(opgym, "patch"):
+        raise UsageError("this opgym build has no opgym.patch (HF injection)")
+    return opgym
+
+
+def _counts(opgym, handle) -> dict | None:
+    """fused/fallback call counts from whatever the package exposes (handle or module level)."""
+    for src in (handle, opgym):
+        for name in ("stats", "counts", "call_counts"):
+            obj = getattr(src, name, None)
+            if obj is None:
+                continue
+            try:
+                val = obj() if callable(obj) else obj
+            except TypeError:
+                continue
+            d = val if isinstance(val, dict) else getattr(val, "__dict__", None)
+            if not d:
+                continue
+            d = _flatten_counts(d)
+            if d is not None:
+                return d
+    return None
+
+
+def _flatten_counts(d: dict) -> dict | None:
+    if "fused" in d and "fallback" in d:
+        return {"fused": int(d["fused"]), "fallback": int(d["fallback"])}
+    fused = fallback = 0
+    found = False
+    for v in d.values():  # per-op dicts, e.g. {"rms_norm": {"fused": .., "fallback": ..}}
+        if isinstance(v, dict) and "fused" in v and "fallback" in v:
+            fused += int(v["fused"])
+            fallback += int(v["fallback"])
+            found = True
+    return {"fused": fused, "fallback": fallback} if found else None
+
+
+def _reset_counts(opgym, handle) -> None:
+    for src in (handle, opgym):
+        for name in ("reset_stats", "reset_counts", "reset"):
+            fn = getattr(src, name, None)
+            if callable(fn) and src is not None:
+                with contextlib.suppress(Exception):
+                    fn()
+                    return
+
+
+# ----------------------------------------------------------------------------------------- one side
+def _measure_side(name, model, inputs, args, device, progress) -> dict:
+    import torch
+
+    sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
+    n_new = args.max_new_tokens
+    gen_kwargs = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, num_beams=1)
+    mem = PeakMemory(device)
+    out = {}
+
+    def prefill():
+        return model(**inputs, use_cache=True, logits_to_keep=1)
+
+    logits = None
+    with torch.inference_mode():
+        for i in range(args.warmup):
+            progress.step(f"{name}: warm-up {i + 1}/{args.warmup} (full-logits forward + generate)")
+            o = model(**inputs, use_cache=False)
+            if logits is None:
+                logits = _Stash(o.logits)
+            del o
+            model.generate(**inputs, **gen_kwargs)
+            progress.done()
+
+        mem.reset()  # peak memory over the timed prefill and generate runs (not warm-up, not profiling)
+        times = []
+        for i in range(args.repeats):
+            progress.step(f"{name}: prefill {i + 1}/{args.repeats}")
+            sync()
+            t = time.perf_counter()
+            o = prefill()
+            sync()
+            times.append((time.perf_counter() - t) * 1e3)
+            del o
+            progress.done()
+        out["prefill_ms"] = _median(times)
+        out["prefill_ms_runs"] = times
+
+        rates, totals, ttfts, tokens = [], [], [], None
+        for i in range(args.repeats):
+            progress.step(f"{name}: generate {n_new} tokens {i + 1}/{args.repeats}")
+            st = _TokenTimes(sync)
+            sync()
+            t = time.perf_counter()
+            seq = model.generate(**inputs, **gen_kwargs, streamer=st)
+            sync()
+            totals.append(time.perf_counter() - t)
+            new = seq[0, inputs["input_ids"].shape[1]:].tolist()
+            if tokens is None:
+                tokens = new
+            elif new != tokens:
+                raise RuntimeError(f"{name}: greedy tokens differ between two runs of the same model")
+            ts = st.times  # [prompt, token 1, ..., token N]
+            if len(ts) >= 2:
+                ttfts.append((ts[1] - t) * 1e3)
+            if len(ts) >= 3 and ts[-1] > ts[1]:
+                rates.append((len(ts) - 2) / (ts[-1] - ts[1]))
+            progress.done()
+        out["decode_tokens_per_s"] = _median(rates)
+        out["decode_tokens_per_s_runs"] = rates
+        out["generate_s"] = _median(totals)
+        out["time_to_first_token_ms"] = _median(ttfts)
+        out["new_tokens"] = len(tokens)
+        out["tokens"] = tokens
+        out["peak_memory_mb"] = mem.peak_mb()
+        out["peak_memory_kind"] = mem.kind
+
+        progress.step(f"{name}: profiling one prefill (torch.profiler)")
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        prof = profile(activities=acts)
+        with _rms_ranges(model, sync) as calls:
+            with _quiet_stderr():  # the profiler backend prints start/stop lines on fd 2
+                prof.__enter__()
+            try:
+                with record_function(FWD_LABEL):
+                    prefill()
+                    sync()
+            finally:
+                with _quiet_stderr():
+                    prof.__exit__(None, None, None)
+        ka = {e.key: e for e in prof.key_averages()}
+        fwd_us = ka[FWD_LABEL].cpu_time_total if FWD_LABEL in ka else None
+        rms_us = ka[RMS_LABEL].cpu_time_total if RMS_LABEL in ka else 0.0
+        out["profiled_forward_ms"] = fwd_us / 1e3 if fwd_us else None
+        out["rms_norm_ms"] = rms_us / 1e3
+        out["rms_norm_share"] = (rms_us / fwd_us) if fwd_us else None
+        out["rms_norm_calls_per_prefill"] = calls[0]
+        op = ka.get("opgym::rms_norm")
+        out["opgym_op_ms"] = op.cpu_time_total / 1e3 if op is not None else None
+        out["opgym_op_calls"] = op.count if op is not None else 0
+        progress.done()
+
+    return out, logits
+
+
+def _agreement(base_logits, opt_logits, base_tokens, opt_tokens) -> dict:
+    import torch
+
+    a, b = opt_logits, base_logits
+    diff = (a - b).abs()
+    nz = b != 0
+    rel = (diff[nz] / b[nz].abs()).max().item() if bool(nz.any()) else 0.0
+    first = None
+    for i, (x, y) in enumerate(zip(base_tokens, opt_tokens)):
+        if x != y:
+            first = i
+            break
+    if first is None and len(base_tokens) != len(opt_tokens):
+        first = min(len(base_tokens), len(opt_tokens))
+    return {
+        "logits_max_abs_diff": diff.max().item(),
+        "logits_max_rel_diff": rel,
+        "logits_rel_diff_definition": "max over elements with baseline != 0 of |opgym - baseline| / |baseline| "
+                                      "(elementwise; large where a logit is near 0)",
+        "logits_max_abs_diff_over_max_abs": diff.max().item() / max(b.abs().max().item(), 1e-30),
+        "logits_elements": int(b.numel()),
+        "logits_shape": list(b.shape),
+        "logits_elements_differing": int((diff != 0).sum().item()),
+        "logits_max_abs_baseline": b.abs().max().item(),
+        "logits_argmax_positions_differing": int((a.argmax(-1) != b.argmax(-1)).sum().item()),
+        "logits_compared": "prefill forward, every position, dtype of the model's logits converted to fp32",
+        "tokens_identical": base_tokens == opt_tokens,
+        "first_divergence": first,
+        "baseline_tokens": base_tokens,
+        "opgym_tokens": opt_tokens,
+    }
+
+
+# ----------------------------------------------------------------------------------------- main
+def _parse_page(s: str):
+    try:
+        w, h = (int(v) for v in s.lower().split("x"))
+        if w < 28 or h < 28:
+            raise ValueError
+        return w, h
+    except ValueError:
+        raise UsageError(f"--page-size {s!r} is not WxH with both sides >= 28") from None
+
+
+def main(args) -> int:
+    try:
+        return _main(args)
+    except UsageError as e:
+        print(f"opgym run: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("opgym run: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(args) -> int:
+    from . import models as M
+
+    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    if not ops:
+        raise UsageError("--ops names no op")
+    for name, v in (("--max-new-tokens", args.max_new_tokens), ("--repeats", args.repeats)):
+        if v < 1:
+            raise UsageError(f"{name} must be >= 1")
+    if args.max_new_tokens < 2:
+        raise UsageError("--max-new-tokens must be >= 2 (decode speed needs a token after the first)")
+    if args.warmup < 1:
+        raise UsageError("--warmup must be >= 1 (the warm-up forward gives the logits that are compared)")
+    if args.model and (args.text_layers or args.vision_blocks or args.full_depth):
+        raise UsageError("--text-layers/--vision-blocks/--full-depth apply to the embedded model, not --model")
+    page = _parse_page(args.page_size)
+    # Input problems first, before anything slow.
+    image = M.load_image(args.image) if args.image else None
+    if args.model:
+        p = Path(args.model)
+        if not p.is_dir():
+            raise UsageError(f"--model {args.model}: " + ("no such directory" if not p.exists() else "not a directory"))
+
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: this torch has no CUDA device available")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    opgym = _opgym()
+    dtype = getattr(torch, args.dtype)
+
+    steps = 2 + 2 * (args.warmup + 2 * args.repeats + 1) + 2
+    progress = Progress(steps, enabled=not args.no_progress)
+    try:
+        return _run(args, M, opgym, ops, page, image, dtype, progress)
+    finally:
+        progress.close()
+
+
+def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
+    import torch
+
+    device = args.device
+    config_out = {}
+    # --- model
+    t = time.perf_counter()
+    processor = None
+    if args.model:
+        progress.step(f"loading {args.model}")
+        try:
+            model, processor = M.load_model(args.model, dtype=dtype, attn_implementation=args.attn)
+        except M.ModelLoadError as e:
+            raise UsageError(str(e)) from None
+        config_out["model"] = str(Path(args.model).resolve())
+        config = model.config
+    else:
+        if args.full_depth:
+            tl, vb = M.FULL_TEXT_LAYERS, M.FULL_VISION_BLOCKS
+        else:
+            tl = args.text_layers if args.text_layers is not None else DEFAULT_TEXT_LAYERS
+            vb = args.vision_blocks if args.vision_blocks is not None else DEFAULT_VISION_BLOCKS
+        if tl < 1 or vb < 1:
+            raise UsageError("--text-layers and --vision-blocks must be >= 1")
+        progress.step(f"building the embedded Qwen2.5-VL-3B ({tl} text layers, {vb} vision blocks, seeded weights)")
+        config = M.qwen2_5_vl_3b_config(tl, vb, _widths=TINY_WIDTHS if args.testing_tiny else None)
+        model = M.build_model(config, seed=args.seed, dtype=dtype, attn_implementation=args.attn)
+        config_out["model"] = "embedded Qwen2.5-VL-3B architecture, seeded random weights"
+        if args.testing_tiny:
+            config_out["model"] += " (testing: reduced widths)"
+    if device == "cuda":
+        model = model.to("cuda")
+    build_s = time.perf_counter() - t
+    progress.done()
+    text_cfg = getattr(config, "text_config", config)
+    vis_cfg = config.vision_config
+
+    # --- inputs
+    progress.step("preparing inputs (Qwen2-VL image processor)")
+    if image is None:
+        image = M.synthetic_page(page[0], page[1], seed=args.seed)
+        image_desc = f"synthetic page {page[0]}x{page[1]} (seed {args.seed})"
+    else:
+        image_desc = str(Path(args.image).resolve())
+    try:
+        inputs = M.make_inputs(config, image=image, prompt=args.prompt, processor=processor, seed=args.seed)
+    except M.ModelLoadError as e:
+        raise UsageError(str(e)) from None
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    if inputs["pixel_values"].is_floating_point():
+        inputs["pixel_values"] = inputs["pixel_values"].to(dtype)
+    progress.done()
+    n_img = int((inputs["input_ids"] == config.image_token_id).sum())
+
+    config_out.update({
+        "text_layers": int(text_cfg.num_hidden_layers),
+        "vision_blocks": int(vis_cfg.depth),
+        "full_depth": int(text_cfg.num_hidden_layers) == M.FULL_TEXT_LAYERS and int(vis_cfg.depth) == M.FULL_VISION_BLOCKS,
+        "text_hidden_size": int(text_cfg.hidden_size),
+        "text_intermediate_size": int(text_cfg.intermediate_size),
+        "text_heads": int(text_cfg.num_attention_heads),
+        "text_kv_heads": int(text_cfg.num_key_value_heads),
+        "vocab_size": int(text_cfg.vocab_size),
+        "vision_hidden_size": int(vis_cfg.hidden_size),
+        "vision_heads": int(vis_cfg.num_heads),
+        "vision_fullatt_block_indexes": list(vis_cfg.fullatt_block_indexes),
+        "rms_norm_eps": float(text_cfg.rms_norm_eps),
+        "dtype": args.dtype,
+        "attn_implementation": args.attn,
+        "device": device,
+        "compile": bool(args.compile),
+        "ops": list(ops),
+        "seed": args.seed,
+        "image": image_desc,
+        "image_grid_thw": inputs["image_grid_thw"][0].tolist(),
+        "vision_patches": int(inputs["pixel_values"].shape[0]),
+        "prompt_tokens": int(inputs["input_ids"].shape[1]),
+        "image_tokens": n_img,
+        "text_input": ("checkpoint processor/tokenizer, prompt: " + repr(args.prompt or M.DEFAULT_PROMPT)) if processor
+        else f"seeded token ids around the image tokens (seed {args.seed}); no tokenizer",
+        "max_new_tokens": args.max_new_tokens,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "build_s": build_s,
+    })
+
+    if args.compile:
+        torch._dynamo.reset()
+        model.forward = torch.compile(model.forward, dynamic=True)
+
+    # --- baseline
+    base, base_logits = _measure_side("baseline", model, inputs, args, device, progress)
+
+    # --- opgym
+    progress.step(f"patching the model with opgym ({', '.join(ops)})")
+    if args.compile:
+        torch._dynamo.reset()
+        del model.forward  # back to the class's forward; the patched model is compiled afresh below
+    t = time.perf_counter()
+    try:
+        handle = opgym.patch(model, ops=ops)
+    except (ValueError, KeyError) as e:
+        raise UsageError(f"--ops {args.ops}: {e}") from None
+    patch_ms = (time.perf_counter() - t) * 1e3
+    if args.compile:
+        model.forward = torch.compile(model.forward, dynamic=True)
+    progress.done()
+    _reset_counts(opgym, handle)
+    before = _counts(opgym, handle)
+    try:
+        opt, opt_logits = _measure_side("opgym", model, inputs, args, device, progress)
+        after = _counts(opgym, handle)
+    finally:
+        if args.compile:
+            with contextlib.suppress(AttributeError):
+                del model.forward
+        handle.undo()
+    opt["patch_ms"] = patch_ms
+    if after is not None:
+        b0 = before or {"fused": 0, "fallback": 0}
+        calls = {"fused": after["fused"] - b0["fused"], "fallback": after["fallback"] - b0["fallback"],
+                 "counted_over": "every opgym-side run: warm-up, timed prefill and generate, profiled prefill"}
+    else:
+        calls = {"fused": None, "fallback": None, "counted_over": "opgym exposes no call counters"}
+    calls["rms_norm_modules"] = len(_rms_modules(model))
+
+    progress.step("comparing outputs")
+    agreement = _agreement(base_logits.load(), opt_logits.load(), base["tokens"], opt["tokens"])
+    progress.done()
+    progress.close()
+
+    env = _environment(device)
+    env["threads"] = torch.get_num_threads()
+    report = {
+        "config": config_out,
+        "environment": env,
+        "baseline": {k: v for k, v in base.items() if k != "tokens"},
+        "opgym": {k: v for k, v in opt.items() if k != "tokens"},
+        "agreement": agreement,
+        "calls": calls,
+    }
+    _print_report(report)
+    if args.report:
+        try:
+            Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as e:
+            raise UsageError(f"--report {args.report}: cannot write ({e.strerror})") from None
+    return 0
+
+
+# ----------------------------------------------------------------------------------------- report
+def _fmt(v, nd=1):
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}"
+    return str(v)
+
+
+def _change(b, o, higher_is_better: bool):
+    if b is None or o is None or b == 0:
+        return "n/a"
+    pct = (o - b) / abs(b) * 100
+    better = (pct > 0) == higher_is_better
+    if abs(pct) < 0.05:
+        return "0.0%"
+    color = "green" if better else "red"
+    word = "better" if better else "worse"
+    return f"[{color}]{pct:+.1f}% ({word})[/{color}]"
+
+
+def _print_report(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console() if sys.stdout.isatty() else Console(width=120)
+    cfg, env, b, o, ag, calls = r["config"], r["environment"], r["baseline"], r["opgym"], r["agreement"], r["calls"]
+    c.print(f"[bold]opgym run[/bold]: {cfg['model']}")
+    c.print(f"  depth {cfg['text_layers']} text layers / {cfg['vision_blocks']} vision blocks, {cfg['dtype']}, "
+            f"attn {cfg['attn_implementation']}, {cfg['device']}{', torch.compile' if cfg['compile'] else ''}; "
+            f"ops {','.join(cfg['ops'])}")
+    c.print(f"  input: {cfg['image']} -> grid {cfg['image_grid_thw']} ({cfg['vision_patches']} patches), "
+            f"{cfg['prompt_tokens']} prompt tokens ({cfg['image_tokens']} image); {cfg['max_new_tokens']} greedy tokens; "
+            f"warm-up {cfg['warmup']}, medians of {cfg['repeats']}")
+    c.print(f"  opgym {env.get('opgym')}, torch {env['torch']}, transformers {env['transformers']}; "
+            f"{env['cpu']}, isa {env.get('isa') or 'unknown'}, {env['threads']} threads")
+    t = Table(title="baseline (HF eager) vs opgym")
+    t.add_column("metric")
+    t.add_column("baseline", justify="right")
+    t.add_column("opgym", justify="right")
+    t.add_column("change %", justify="right")
+    build = cfg["build_s"]
+    rows = [
+        ("model build/load (s)", build, build + o["patch_ms"] / 1e3, False, 2),
+        ("prefill (ms, median)", b["prefill_ms"], o["prefill_ms"], False, 1),
+        ("time to first token (ms, median)", b["time_to_first_token_ms"], o["time_to_first_token_ms"], False, 1),
+        (f"decode (tokens/s, {cfg['max_new_tokens']} greedy)", b["decode_tokens_per_s"], o["decode_tokens_per_s"], True, 2),
+        ("generate total (s, median)", b["generate_s"], o["generate_s"], False, 2),
+        ("peak memory (MB)", b["peak_memory_mb"], o["peak_memory_mb"], False, 0),
+        ("RMSNorm time in prefill (ms, profiler)", b["rms_norm_ms"], o["rms_norm_ms"], False, 2),
+        ("profiled prefill (ms)", b["profiled_forward_ms"], o["profiled_forward_ms"], False, 1),
+    ]
+    for name, bv, ov, hib, nd in rows:
+        t.add_row(name, _fmt(bv, nd), _fmt(ov, nd), _change(bv, ov, hib))
+    bs, os_ = b["rms_norm_share"], o["rms_norm_share"]
+    t.add_row("RMSNorm share of prefill", _fmt(bs * 100 if bs is not None else None, 2) + " %",
+              _fmt(os_ * 100 if os_ is not None else None, 2) + " %",
+              f"{(os_ - bs) * 100:+.2f} pts" if bs is not None and os_ is not None else "n/a")
+    t.add_row("RMSNorm calls per prefill", str(b["rms_norm_calls_per_prefill"]), str(o["rms_norm_calls_per_prefill"]), "")
+    c.print(t)
+    a = Table(title="agreement (opgym vs baseline) and calls")
+    a.add_column("check")
+    a.add_column("value", justify="right")
+    a.add_row("prefill logits max |diff|", f"{ag['logits_max_abs_diff']:.4g}  (max |logit| {ag['logits_max_abs_baseline']:.4g})")
+    a.add_row("prefill logits max |diff| / max |logit|", f"{ag['logits_max_abs_diff_over_max_abs']:.4g}")
+    a.add_row("prefill logits max rel diff (elementwise)", f"{ag['logits_max_rel_diff']:.4g}")
+    a.add_row("prefill argmax positions differing", f"{ag['logits_argmax_positions_differing']} of {ag['logits_elements'] // ag['logits_shape'][-1]}")
+    a.add_row("logits differing", f"{ag['logits_elements_differing']:,} of {ag['logits_elements']:,}")
+    a.add_row("greedy tokens identical", ("[green]yes[/green]" if ag["tokens_identical"] else
+                                          f"[red]no[/red], first divergence at token {ag['first_divergence']}"))
+    a.add_row("opgym calls fused / fallback", f"{_fmt(calls['fused'])} / {_fmt(calls['fallback'])}")
+    c.print(a)
