@@ -2,12 +2,13 @@
 // bit for bit with the CPU path on finite inputs, and the CPU front's argument errors.
 //
 // Why it is shaped this way (docs/CUDA.md has the whole story):
-// - The fp32 sum of squares runs in opgym's fixed order: element i adds into partial (i mod 32) in
-//   order of i, and the 32 partials fold by halves. On a GPU that order is a warp: lane r owns
-//   partial r, and the fold by halves p[j] += p[j + n] (n = 16, 8, 4, 2, 1) is exactly an
-//   xor-shuffle butterfly with offsets 16, 8, 4, 2, 1 (fp32 addition is commutative, so the upper
-//   half of the butterfly holds the same values as the lower half). Every sum is therefore at most
-//   32 chains of dim/32 dependent adds, the same chains the CPU computes.
+// - The fp32 sum of squares runs in opgym's fixed order: element i adds into partial
+//   (i mod kSumLanes) in order of i, and the partials fold by halves. On a GPU that order is a warp:
+//   lane l owns partials l + 32k, the fold steps n >= 32 stay inside a lane, and the steps
+//   n = 16, 8, 4, 2, 1 (p[j] += p[j + n]) are exactly an xor-shuffle butterfly with those offsets
+//   (fp32 addition is commutative, so the upper half of the butterfly holds the same values as the
+//   lower half). Every sum is therefore kSumLanes chains of dim / kSumLanes dependent adds, the
+//   same chains the CPU computes, and the result is bit-identical to the CPU path.
 // - Products and sums are separate roundings (__fmul_rn / __fadd_rn, and the build passes
 //   -fmad=false), division and sqrt are correctly rounded (__fdiv_rn, __fsqrt_rn): HF materializes
 //   x.pow(2) in fp32 and computes rsqrt as 1 / sqrt.
@@ -15,11 +16,12 @@
 //   warp_rows (dim <= 2048): a warp per row, 4 rows per block, the row held in registers for a
 //     single pass. Lane l loads elements l*V + 32*V*c (V = 2 when every row of x, out and the
 //     weight is aligned to two elements: each warp access is then a whole 128-byte line for 16-bit
-//     dtypes); with V = 2, lanes l and l + 16 hold the same residues one step apart in the chain,
-//     so one shuffle per chunk hands lane l its next element.
+//     dtypes). With V = 2 and 64 partials lane l owns partials 2l and 2l + 1 outright; with 32,
+//     lanes l and l + 16 hold the same partials one step apart, and one shuffle per chunk hands
+//     lane l its next element.
 //   block_row_smem (larger dims): a block per row; the row is staged in shared memory with
 //     16-byte vectors (scalar prefix up to the first aligned element, scalar tail, both computed
-//     from the row's address), warp 0 runs the 32 chains out of shared memory, then the block
+//     from the row's address), warp 0 runs the kSumLanes chains from shared memory, then the block
 //     scales from shared memory and stores 16-byte vectors of out: one read and one write of HBM.
 //   block_row_global (a row larger than shared memory): the same, with the row streamed through
 //     shared memory in chunks for the sum and read again from global memory for the scaling.
@@ -111,7 +113,7 @@ struct Params {
   const void* w = nullptr;
   void* out = nullptr;
   int64_t rows = 0, dim = 0;
-  int64_t chunk = 0;  // block_row_*: elements staged in shared memory at a time (multiple of 32)
+  int64_t chunk = 0;  // block_row_*: elements staged in shared memory at a time (multiple of kSumLanes)
   float eps = 0.f;    // rounded to fp32, as torch adds it to an fp32 tensor
   float dimf = 0.f;   // float(dim), the divisor of the mean
   bool hf = true;
@@ -150,6 +152,21 @@ __device__ __forceinline__ float scale(float x32, float rinv, float w32, const P
   if (p.hf) h = TX::to_f32(TX::from_f32(h));
   if (p.weight_offset) w32 = __fadd_rn(w32, 1.0f);
   return __fmul_rn(w32, h);
+}
+
+// The opgym sum order (rms_norm.hpp): element i adds into partial (i mod kSumLanes) in order of i,
+// then p[j] += p[j + n] for n = kSumLanes / 2, ..., 1. On a warp, lane l holds partials l + 32k
+// (k < K) in acc[k]; the steps n >= 32 stay inside a lane, and n = 16, 8, 4, 2, 1 are an
+// xor-shuffle butterfly (the upper half of the butterfly holds the same sums as the lower half:
+// fp32 addition is commutative). Every lane returns the total.
+static_assert(kSumLanes == 32 || kSumLanes == 64, "the CUDA kernels map kSumLanes partials onto one warp");
+constexpr int K = kSumLanes / 32;
+__device__ __forceinline__ float fold_lanes(float (&acc)[K]) {
+  float a = acc[0];
+  if constexpr (K == 2) a = __fadd_rn(acc[0], acc[1]);
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) a = __fadd_rn(a, __shfl_xor_sync(kFull, a, o));
+  return a;
 }
 
 // ---- warp_rows: a warp per row, the row in registers ---------------------------------------------
@@ -197,16 +214,31 @@ __global__ void __launch_bounds__(kWarpRowsWarps * 32) warp_rows_kernel(const __
     // Sum of squares in the kSumLanes order.
     float sum;
     if constexpr (V == 1) {
-      float acc = 0.0f;  // lane r: elements r, r + 32, r + 64, ...
+      // Lane l reads elements l + 32c: partial (l + 32c) mod kSumLanes = l + 32 * (c mod K).
+      float acc[K] = {};
 #pragma unroll
       for (int c = 0; c < C; ++c)
-        if (c * 32 < D) acc = __fadd_rn(acc, __fmul_rn(xv[c], xv[c]));
+        if (c * 32 < D) acc[c % K] = __fadd_rn(acc[c % K], __fmul_rn(xv[c], xv[c]));
+      sum = fold_lanes(acc);
+    } else if constexpr (kSumLanes == 64) {
+      // Lane l reads elements 2l, 2l + 1 of each 64-element chunk: it owns partials 2l and 2l + 1.
+      float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
-      for (int o = 16; o >= 1; o /= 2) acc = __fadd_rn(acc, __shfl_xor_sync(kFull, acc, o));
-      sum = acc;
+      for (int c = 0; c < C; ++c) {
+        if (c * 64 >= D) continue;  // warp-uniform
+        a0 = __fadd_rn(a0, __fmul_rn(xv[2 * c], xv[2 * c]));
+        a1 = __fadd_rn(a1, __fmul_rn(xv[2 * c + 1], xv[2 * c + 1]));
+      }
+      // Fold by halves: partial j + n lives in lane (j + n) / 2 = j / 2 + n / 2, same slot.
+#pragma unroll
+      for (int o = 16; o >= 1; o /= 2) {
+        a0 = __fadd_rn(a0, __shfl_xor_sync(kFull, a0, o));
+        a1 = __fadd_rn(a1, __shfl_xor_sync(kFull, a1, o));
+      }
+      sum = __shfl_sync(kFull, __fadd_rn(a0, a1), 0);  // n = 1: p[0] + p[1], in lane 0
     } else {
-      // Lane l < 16 owns partials 2l and 2l + 1: per 64-element chunk its own pair comes first,
-      // then lane l + 16's pair (32 elements later in the same chains).
+      // 32 partials: lane l < 16 owns partials 2l and 2l + 1; per 64-element chunk its own pair
+      // comes first, then lane l + 16's pair (32 elements later in the same chains).
       float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
       for (int c = 0; c < C; ++c) {
@@ -216,13 +248,12 @@ __global__ void __launch_bounds__(kWarpRowsWarps * 32) warp_rows_kernel(const __
         a0 = __fadd_rn(__fadd_rn(a0, s0), t0);
         a1 = __fadd_rn(__fadd_rn(a1, s1), t1);
       }
-      // Fold by halves: partial j + n lives in lane (j + n) / 2 = j / 2 + n / 2, same slot.
 #pragma unroll
       for (int o = 8; o >= 1; o /= 2) {
         a0 = __fadd_rn(a0, __shfl_xor_sync(kFull, a0, o));
         a1 = __fadd_rn(a1, __shfl_xor_sync(kFull, a1, o));
       }
-      sum = __shfl_sync(kFull, __fadd_rn(a0, a1), 0);  // n = 1: p[0] + p[1], in lane 0
+      sum = __shfl_sync(kFull, __fadd_rn(a0, a1), 0);
     }
     const float rinv = inv_rms(sum, p);
 
@@ -280,26 +311,27 @@ __global__ void __launch_bounds__(1024) block_row_kernel(const __grid_constant__
     SO* out = static_cast<SO*>(p.out) + oo;
     const int shift = static_cast<int>((reinterpret_cast<uintptr_t>(x) / sizeof(SX)) % VX);
 
-    // Sum of squares: warp 0, lane r owns partial r; chunks start at multiples of 32, so the
-    // chains continue across chunks.
-    float acc = 0.0f;
+    // Sum of squares: warp 0, lane r owns partials r + 32k; chunks start at multiples of
+    // kSumLanes, so the chains continue across chunks.
+    float acc[K] = {};
     for (int64_t c0 = 0; c0 < D; c0 += chunk) {
       const int64_t len = min(chunk, D - c0);
       stage<SX>(x + c0, len, srow, shift);
       __syncthreads();
       if (threadIdx.x < 32) {
+        // Element i = lane + 32m goes to partial lane + 32 * (m mod K).
 #pragma unroll 8
         for (int64_t i = threadIdx.x; i < len; i += 32) {
           const float v = TX::to_f32(srow[shift + i]);
-          acc = __fadd_rn(acc, __fmul_rn(v, v));
+          const int k = K == 1 ? 0 : static_cast<int>((i >> 5) & (K - 1));
+          acc[k] = __fadd_rn(acc[k], __fmul_rn(v, v));
         }
       }
       if (c0 + chunk < D) __syncthreads();  // the next chunk overwrites shared memory
     }
     if (threadIdx.x < 32) {
-#pragma unroll
-      for (int o = 16; o >= 1; o /= 2) acc = __fadd_rn(acc, __shfl_xor_sync(kFull, acc, o));
-      if (threadIdx.x == 0) s_rinv = inv_rms(acc, p);
+      const float sum = fold_lanes(acc);
+      if (threadIdx.x == 0) s_rinv = inv_rms(sum, p);
     }
     __syncthreads();
     const float rinv = s_rinv;
@@ -462,8 +494,9 @@ RmsNormPlan plan_rms_norm(const TensorView& x, const TensorView& weight, const T
       p.smem_bytes = static_cast<size_t>(whole + vx) * es;
     } else {
       p.kernel = RmsNormKernel::block_row_global;
-      // Chunks of at most 32 KiB keep several blocks per SM; a multiple of 32 continues the chains.
-      const int64_t chunk = std::min<int64_t>((static_cast<int64_t>(budget / es) - vx) / 32 * 32, 32 * 1024 / es);
+      // Chunks of at most 32 KiB keep several blocks per SM; a multiple of kSumLanes continues the chains.
+      const int64_t chunk =
+          std::min<int64_t>((static_cast<int64_t>(budget / es) - vx) / kSumLanes * kSumLanes, 32 * 1024 / es);
       p.smem_bytes = static_cast<size_t>(chunk + vx) * es;
     }
   }
