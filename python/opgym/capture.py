@@ -1,0 +1,229 @@
+"""Shape capture (the guide's instrumentation step): record what every RMSNorm call of a real forward
+sees, and write it as gym-format case files.
+
+    with opgym.capture(model) as cap:
+        model.generate(**inputs, max_new_tokens=4)
+    cap.records            # one dict per RMSNorm call
+    cap.write("cases/qwen2_5_vl_3b/rms_norm.json", source="...")
+
+A record holds the module path, class, input shape/dtype/strides, weight shape/dtype, eps, the phase
+and the step: step n is the model's n-th top-level forward inside the capture; a step is "prefill"
+when the model is given an empty cache (the first forward of generate) or none at all on its first
+forward, "decode" when the cache already holds tokens (every later step of generate). Calls made
+outside the model's forward (generate encoding the image before the prefill forward) count as the
+prefill of the step that follows.
+
+Cases are deduplicated by signature (input shape, dtype, weight shape/dtype, eps): one case per
+signature, whatever the number of call sites. Ids are derived from the signature alone (stable across
+runs and capture order); each description names the call sites with layer indices collapsed
+(`model.language_model.layers.*.input_layernorm`), the phases and the number of calls.
+"""
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from .patch import _eps_of, find_rms_norms
+
+_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
+_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64"}
+# Tolerances written into the cases: a few ulps of the output dtype (opgym differs from HF's module
+# only by the order of the fp32 sum of squares; the C++ runner's golden is bit-exact).
+TOLERANCES = {"float32": (1e-5, 1e-5), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2)}
+
+
+def collapse_path(path: str) -> str:
+    """model.language_model.layers.17.input_layernorm -> model.language_model.layers.*.input_layernorm"""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", path) if path else "<root>"
+
+
+def _cache_len(kwargs: dict, args: tuple) -> int | None:
+    pkv = kwargs.get("past_key_values")
+    if pkv is None:
+        return None
+    try:
+        return int(pkv.get_seq_length())
+    except Exception:  # noqa: BLE001 - legacy tuple caches
+        try:
+            return int(pkv[0][0].shape[-2])
+        except Exception:  # noqa: BLE001
+            return None
+
+
+class Capture:
+    """Context manager that hooks every RMSNorm module of `model` (see opgym.patch.find_rms_norms)."""
+
+    def __init__(self, model: nn.Module):
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"opgym.capture: expected a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.records: list[dict] = []
+        self.steps: list[dict] = []  # per top-level forward: phase, cache length
+        self._hooks = []
+        self._calls = 0
+        self._in_step = False
+
+    # -- hooks --
+    def __enter__(self) -> "Capture":
+        norms = find_rms_norms(self.model)
+        if not norms:
+            raise ValueError(f"opgym.capture: {type(self.model).__name__} has no RMSNorm module")
+        self._hooks.append(self.model.register_forward_pre_hook(self._on_step, with_kwargs=True))
+        self._hooks.append(self.model.register_forward_hook(self._on_step_end, always_call=True))
+        for name, module in norms:
+            self._hooks.append(module.register_forward_pre_hook(self._make_hook(name)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def _on_step(self, module, args, kwargs):
+        n = _cache_len(kwargs, args)
+        if n is None:  # no cache argument: the first forward is the prefill, later ones decode
+            phase = "prefill" if not self.steps else "decode"
+        else:
+            phase = "prefill" if n == 0 else "decode"
+        self.steps.append({"step": len(self.steps), "phase": phase, "cache_len": n})
+        self._in_step = True
+        return None
+
+    def _on_step_end(self, module, args, output):
+        self._in_step = False
+        return None
+
+    def _make_hook(self, name: str):
+        def hook(module, args):
+            x = args[0] if args else None
+            if not isinstance(x, torch.Tensor):
+                return None
+            w = module.weight
+            if self._in_step:
+                step = self.steps[-1]
+            else:  # outside the model's forward: e.g. generate encoding the image before the prefill
+                step = {"step": len(self.steps), "phase": "prefill"}
+            self.records.append({
+                "call": self._calls,
+                "step": step["step"],
+                "phase": step["phase"],
+                "module": name,
+                "class": type(module).__name__,
+                "shape": list(x.shape),
+                "strides": list(x.stride()),
+                "dtype": _NAME.get(x.dtype, str(x.dtype).replace("torch.", "")),
+                "weight_shape": list(w.shape),
+                "weight_dtype": _NAME.get(w.dtype, str(w.dtype).replace("torch.", "")),
+                "eps": _eps_of(module),
+                "device": x.device.type,
+            })
+            self._calls += 1
+            return None
+
+        return hook
+
+    # -- summaries --
+    def signatures(self) -> "OrderedDict[tuple, dict]":
+        """Calls grouped by (shape, dtype, weight shape, weight dtype, eps), in first-seen order."""
+        groups: OrderedDict[tuple, dict] = OrderedDict()
+        for r in self.records:
+            key = (tuple(r["shape"]), r["dtype"], tuple(r["weight_shape"]), r["weight_dtype"], r["eps"])
+            g = groups.setdefault(key, {"calls": 0, "sites": OrderedDict(), "phases": OrderedDict(),
+                                        "classes": OrderedDict(), "contiguous": True})
+            g["calls"] += 1
+            site = collapse_path(r["module"])
+            g["sites"][site] = g["sites"].get(site, 0) + 1
+            g["phases"][r["phase"]] = g["phases"].get(r["phase"], 0) + 1
+            g["classes"][r["class"]] = None
+            expected = _contiguous_strides(r["shape"])
+            if any(s != e for s, e, d in zip(r["strides"], expected, r["shape"]) if d > 1):
+                g["contiguous"] = False
+        return groups
+
+    def cases(self, prefix: str = "rms_norm") -> list[dict]:
+        out = []
+        for (shape, dtype, wshape, wdtype, eps), g in self.signatures().items():
+            if dtype not in TOLERANCES or wdtype not in TOLERANCES:
+                continue  # not a dtype the gym format / opgym covers
+            case_id = _case_id(prefix, shape, dtype, wdtype, eps)
+            out_dtype = _promote(dtype, wdtype)
+            rtol, atol = TOLERANCES[out_dtype]
+            phases = ", ".join(f"{p} x{n}" for p, n in g["phases"].items())
+            sites = ", ".join(f"{s} (x{n})" for s, n in g["sites"].items())
+            desc = (f"{'/'.join(g['phases'])} {tuple(shape)} {_short(dtype)}"
+                    + (f" weight {_short(wdtype)}" if wdtype != dtype else "")
+                    + f" eps {eps:g}: {g['calls']} calls ({phases}) at {sites}")
+            out.append({
+                "id": case_id,
+                "description": desc,
+                "seed": zlib.crc32(case_id.encode()) % 100000,
+                "input": {
+                    "hidden_states": {"shape": list(shape), "dtype": dtype},
+                    "weight": {"shape": list(wshape), "dtype": wdtype},
+                    "eps": {"value": eps},
+                },
+                "output": {"output": {"shape": list(shape), "dtype": out_dtype}},
+                "rtol": rtol,
+                "atol": atol,
+                "call_sites": list(g["sites"].keys()),
+                "phases": dict(g["phases"]),
+                "calls": g["calls"],
+                "module_classes": list(g["classes"].keys()),
+                "input_contiguous": g["contiguous"],
+            })
+        out.sort(key=lambda c: c["id"])
+        return out
+
+    def to_json(self, source: str = "", description: str = "", prefix: str = "rms_norm") -> dict:
+        return {
+            "op_name": "rms_norm",
+            "source": source,
+            "description": description or "RMSNorm calls captured by opgym.capture",
+            "test_cases": self.cases(prefix),
+        }
+
+    def write(self, path, source: str = "", description: str = "", prefix: str = "rms_norm") -> dict:
+        data = self.to_json(source, description, prefix)
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        return data
+
+    def summary(self) -> str:
+        lines = [f"{len(self.records)} RMSNorm calls over {len(self.steps)} forward steps "
+                 f"({sum(1 for s in self.steps if s['phase'] == 'prefill')} prefill), "
+                 f"{len(self.signatures())} distinct signatures"]
+        for (shape, dtype, wshape, wdtype, eps), g in self.signatures().items():
+            lines.append(f"  {str(tuple(shape)):>20} {_short(dtype)}/w:{_short(wdtype)} eps={eps:g} "
+                         f"calls={g['calls']:>4} {dict(g['phases'])} {list(g['sites'])}")
+        return "\n".join(lines)
+
+
+def _contiguous_strides(shape):
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return list(reversed(strides))
+
+
+def _short(name: str) -> str:
+    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(name, name)
+
+
+def _promote(a: str, b: str) -> str:
+    return a if a == b else "float32"
+
+
+def _case_id(prefix, shape, dtype, wdtype, eps) -> str:
+    s = f"{prefix}_{_short(dtype)}_{'x'.join(str(d) for d in shape)}"
+    if wdtype != dtype:
+        s += f"_w{_short(wdtype)}"
+    if eps != 1e-6:
+        s += f"_eps{eps:g}"
+    return s
