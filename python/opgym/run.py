@@ -544,9 +544,11 @@ def _parse_page(s: str):
 
 
 def main(args) -> int:
+    from .models import ImageLoadError, ModelLoadError
+
     try:
         return _main(args)
-    except UsageError as e:
+    except (UsageError, ImageLoadError, ModelLoadError) as e:
         print(f"opgym run: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -599,7 +601,9 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
 
     device = args.device
     config_out = {}
-    # --- model
+    # --- model (the modeling code is imported first, so that the build/load time is the model's own)
+    import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl  # noqa: F401
+
     t = time.perf_counter()
     processor = None
     if args.model:

@@ -1,0 +1,231 @@
+"""`opgym run` end to end, at a tiny size (seconds), plus its bad-input exits.
+
+The tiny run is the real runner on the real architecture's code path (Qwen2_5_VLForConditionalGeneration
+with 1 text layer, 1 vision block, reduced widths through the hidden --testing-tiny option, the real
+vocabulary and head dims, a 112x112 synthetic page), patched by the real opgym.patch.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY = ["--testing-tiny", "--text-layers", "1", "--vision-blocks", "1", "--page-size", "112x112",
+        "--max-new-tokens", "4", "--repeats", "1", "--warmup", "1", "--no-progress"]
+
+# Runs opgym.run exactly as the CLI does (add_arguments + main), in a fresh interpreter.
+_RUNNER = ("import argparse, sys; from opgym import run; p = argparse.ArgumentParser(prog='opgym run'); "
+           "run.add_arguments(p); sys.exit(run.main(p.parse_args(sys.argv[1:])))")
+
+
+def opgym_run(*args, env=None, timeout=600):
+    """`opgym run ARGS` through the installed console script when there is one, else the module."""
+    e = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if env:
+        e.update(env)
+    script = Path(sys.executable).with_name("opgym")
+    cmd = [str(script), "run", *args] if script.is_file() else [sys.executable, "-c", _RUNNER, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
+
+
+def bf16_ulp(x: float) -> float:
+    """The spacing of bfloat16 numbers at magnitude x (8 significant bits)."""
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7)
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "report.json"
+    r = opgym_run(*TINY, "--report", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(out.read_text()), r
+
+
+def test_report_has_the_issue_keys(tiny_report):
+    rep, _ = tiny_report
+    for k in ("config", "environment", "baseline", "opgym", "agreement", "calls"):
+        assert k in rep
+    for side in ("baseline", "opgym"):
+        for k in ("prefill_ms", "decode_tokens_per_s", "peak_memory_mb", "rms_norm_ms", "rms_norm_share"):
+            assert k in rep[side], (side, k)
+            assert isinstance(rep[side][k], (int, float)) and rep[side][k] >= 0, (side, k, rep[side][k])
+        assert rep[side]["prefill_ms"] > 0 and rep[side]["decode_tokens_per_s"] > 0
+        assert rep[side]["peak_memory_mb"] > 0
+        assert 0 < rep[side]["rms_norm_share"] < 1
+        # 1 vision block (2 norms) + merger (1) + 1 text layer (2) + final norm (1)
+        assert rep[side]["rms_norm_calls_per_prefill"] == 6
+    for k in ("logits_max_abs_diff", "logits_max_rel_diff", "tokens_identical", "first_divergence"):
+        assert k in rep["agreement"]
+    for k in ("fused", "fallback"):
+        assert k in rep["calls"]
+    env = rep["environment"]
+    for k in ("opgym", "torch", "transformers", "cpu", "isa", "threads"):
+        assert env.get(k), k
+    cfg = rep["config"]
+    assert cfg["text_layers"] == 1 and cfg["vision_blocks"] == 1 and cfg["dtype"] == "bfloat16"
+    assert cfg["image_tokens"] == 16  # 112x112 -> 8x8 patches -> 4x4 merged
+
+
+def test_fused_path_taken_on_cpu(tiny_report):
+    rep, _ = tiny_report
+    assert rep["calls"]["fused"] > 0
+    assert rep["calls"]["fallback"] == 0
+    # the profiler saw opgym's operator in the patched prefill, once per RMSNorm call, and never in the baseline
+    assert rep["opgym"]["opgym_op_calls"] == rep["opgym"]["rms_norm_calls_per_prefill"]
+    assert rep["baseline"]["opgym_op_calls"] == 0
+
+
+def test_outputs_agree(tiny_report):
+    """Greedy tokens identical; prefill logits within 4 bf16 ulps of the largest logit.
+
+    Why that bound: opgym's RMSNorm (mode hf) is HF's formula rounding for rounding, except that the
+    fp32 sum of squares is added in another fixed order; so a normalized row can differ from HF's by
+    one bf16 ulp where that changes the rounding, and such 1-ulp differences then propagate through
+    the network. Measured here: 0 to 1 ulp. A wrong formula (eps, rounding mode, a missing weight) moves
+    logits by a good fraction of their size, far beyond 4 ulps."""
+    rep, _ = tiny_report
+    ag = rep["agreement"]
+    assert ag["tokens_identical"] is True
+    assert ag["first_divergence"] is None
+    bound = 4 * bf16_ulp(ag["logits_max_abs_baseline"])
+    assert ag["logits_max_abs_diff"] <= bound, (ag["logits_max_abs_diff"], bound)
+    assert ag["logits_argmax_positions_differing"] == 0
+
+
+def test_table_printed(tiny_report):
+    _, r = tiny_report
+    for text in ("baseline", "opgym", "change %", "prefill", "decode", "peak memory", "RMSNorm share",
+                 "greedy tokens identical"):
+        assert text in r.stdout, text
+
+
+def test_env_switch_off_gives_identical_logits(tmp_path):
+    """Control for the agreement figures: with the fused path switched off (OPGYM_RMS_NORM=0) the
+    patched model runs HF's own forward, every call is a fallback and the logits are bit-identical."""
+    out = tmp_path / "r.json"
+    r = opgym_run(*TINY, "--report", str(out), env={"OPGYM_RMS_NORM": "0"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["calls"]["fused"] == 0 and rep["calls"]["fallback"] > 0
+    assert rep["agreement"]["logits_max_abs_diff"] == 0.0
+    assert rep["agreement"]["tokens_identical"] is True
+
+
+@pytest.fixture(scope="module")
+def saved_checkpoint(tmp_path_factory):
+    """The tiny model saved with save_pretrained (safetensors, config.json), no tokenizer."""
+    import torch
+
+    from opgym import models
+    from opgym.run import TINY_WIDTHS
+
+    d = tmp_path_factory.mktemp("ckpt")
+    config = models.qwen2_5_vl_3b_config(1, 1, _widths=TINY_WIDTHS)
+    model = models.build_model(config, seed=3, dtype=torch.bfloat16)
+    model.save_pretrained(d)
+    return d
+
+
+def test_saved_checkpoint_loads_through_model(saved_checkpoint, tmp_path):
+    out = tmp_path / "r.json"
+    args = [a for a in TINY if a not in ("--testing-tiny",)]
+    args = args[:args.index("--text-layers")] + args[args.index("--page-size"):]  # depth comes from the checkpoint
+    r = opgym_run("--model", str(saved_checkpoint), *args, "--report", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["config"]["model"] == str(saved_checkpoint.resolve())
+    assert rep["config"]["text_layers"] == 1 and rep["config"]["text_hidden_size"] == 256
+    assert rep["calls"]["fused"] > 0 and rep["calls"]["fallback"] == 0
+    assert rep["agreement"]["tokens_identical"] is True
+
+
+def test_saved_checkpoint_has_the_same_weights(saved_checkpoint):
+    import torch
+
+    from opgym import models
+    from opgym.run import TINY_WIDTHS
+
+    loaded, processor = models.load_model(saved_checkpoint, torch.bfloat16)
+    assert processor is None
+    built = models.build_model(models.qwen2_5_vl_3b_config(1, 1, _widths=TINY_WIDTHS), seed=3)
+    lp, bp = dict(loaded.named_parameters()), dict(built.named_parameters())
+    assert lp.keys() == bp.keys()
+    for k in bp:
+        assert torch.equal(lp[k], bp[k]), k
+
+
+# ---- bad input: one line, exit code 2, no traceback -----------------------------------------------
+
+class _Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def run_inproc(capsys):
+    """opgym.run.main in this process (the imports are paid once), with its exit code and output."""
+    import argparse
+
+    from opgym import run
+
+    def call(*args):
+        p = argparse.ArgumentParser(prog="opgym run")
+        run.add_arguments(p)
+        rc = run.main(p.parse_args(list(args)))
+        out = capsys.readouterr()
+        return _Result(rc, out.out, out.err)
+
+    return call
+
+
+def _assert_one_line_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def test_bad_input_through_the_command(tmp_path):
+    """The real command line: exit code 2 and one line."""
+    _assert_one_line_error(opgym_run("--model", str(tmp_path / "nope"), "--no-progress"), "nope")
+
+
+def test_missing_model_dir(tmp_path, run_inproc):
+    _assert_one_line_error(run_inproc("--model", str(tmp_path / "nope"), "--no-progress"), "nope")
+
+
+def test_model_dir_without_config(tmp_path, run_inproc):
+    _assert_one_line_error(run_inproc("--model", str(tmp_path), "--no-progress"), "config.json")
+
+
+def test_malformed_config(tmp_path, run_inproc):
+    (tmp_path / "config.json").write_text("{ not json")
+    _assert_one_line_error(run_inproc("--model", str(tmp_path), "--no-progress"), "config.json", "JSON")
+
+
+def test_not_qwen2_5_vl(tmp_path, run_inproc):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    _assert_one_line_error(run_inproc("--model", str(tmp_path), "--no-progress"), "llama", "Qwen2.5-VL")
+
+
+def test_checkpoint_without_weights(tmp_path, saved_checkpoint, run_inproc):
+    shutil.copy(saved_checkpoint / "config.json", tmp_path / "config.json")
+    _assert_one_line_error(run_inproc("--model", str(tmp_path), "--no-progress"), "weights")
+
+
+def test_unreadable_image(tmp_path, run_inproc):
+    bad = tmp_path / "page.png"
+    bad.write_text("this is not a png")
+    _assert_one_line_error(run_inproc(*TINY, "--image", str(bad)), "page.png")
+
+
+def test_missing_image(tmp_path, run_inproc):
+    _assert_one_line_error(run_inproc(*TINY, "--image", str(tmp_path / "none.png")), "none.png")
