@@ -31,8 +31,9 @@ struct RmsNormOptions {
 };
 
 // The fixed summation order: element i of a row adds into partial sum (i mod kSumLanes), in order
-// of i; the kSumLanes partials are then folded by halves (p[j] += p[j + n/2], n = 32, 16, ..., 2).
-constexpr int kSumLanes = 32;
+// of i; the kSumLanes partials are then folded by halves (p[j] += p[j + n], n = 32, 16, ..., 1).
+// 64 partials = four AVX-512 accumulators, enough independent add chains to hide the add latency.
+constexpr int kSumLanes = 64;
 
 // Out dtype for a given (x, weight) pair, as torch promotes `weight * x.to(x.dtype)`.
 inline DType rms_norm_out_dtype(DType x, DType weight) { return promote(weight, x); }

@@ -1,4 +1,4 @@
-// AVX2 + FMA + F16C "group of 32 floats" = four ymm registers (lanes 0-7, 8-15, 16-23, 24-31).
+// AVX2 + FMA + F16C "group of 64 floats" = eight ymm registers (v[k] holds elements 8k .. 8k+7).
 // Compiled only in translation units built with -mavx2 -mfma -mf16c.
 #pragma once
 #include <immintrin.h>
@@ -11,20 +11,19 @@ namespace opgym {
 namespace {  // NOLINT: internal linkage per instruction set, see convert.hpp
 
 struct Simd {
-  struct G { __m256 v[4]; };
-  static G splat(float s) { const __m256 x = _mm256_set1_ps(s); return {{x, x, x, x}}; }
-  static G mul(const G& a, const G& b) {
-    return {{_mm256_mul_ps(a.v[0], b.v[0]), _mm256_mul_ps(a.v[1], b.v[1]),
-             _mm256_mul_ps(a.v[2], b.v[2]), _mm256_mul_ps(a.v[3], b.v[3])}};
-  }
-  static G add(const G& a, const G& b) {
-    return {{_mm256_add_ps(a.v[0], b.v[0]), _mm256_add_ps(a.v[1], b.v[1]),
-             _mm256_add_ps(a.v[2], b.v[2]), _mm256_add_ps(a.v[3], b.v[3])}};
-  }
-  // Fold by halves, exactly as the scalar path: p[j] += p[j+16], += p[j+8], += p[j+4], ...
+  static constexpr int kGroup = 64, kRegs = 8;
+  struct G { __m256 v[kRegs]; };
+  static G splat(float s) { G g; for (auto& r : g.v) r = _mm256_set1_ps(s); return g; }
+  static G mul(const G& a, const G& b) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm256_mul_ps(a.v[k], b.v[k]); return g; }
+  static G add(const G& a, const G& b) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm256_add_ps(a.v[k], b.v[k]); return g; }
+  static void store_raw(float* p, const G& g) { for (int k = 0; k < kRegs; ++k) _mm256_storeu_ps(p + 8 * k, g.v[k]); }
+  static G load_raw(const float* p) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm256_loadu_ps(p + 8 * k); return g; }
+  // Fold by halves, exactly as the scalar path: p[j] += p[j+32], += p[j+16], += p[j+8], ...
   static float fold(const G& g) {
-    const __m256 h16 = _mm256_add_ps(g.v[0], g.v[2]);  // lanes 0-7  (+16)
-    const __m256 l16 = _mm256_add_ps(g.v[1], g.v[3]);  // lanes 8-15 (+16)
+    __m256 q[4];
+    for (int k = 0; k < 4; ++k) q[k] = _mm256_add_ps(g.v[k], g.v[k + 4]);  // +32
+    const __m256 h16 = _mm256_add_ps(q[0], q[2]);       // lanes 0-7  (+16)
+    const __m256 l16 = _mm256_add_ps(q[1], q[3]);       // lanes 8-15 (+16)
     const __m256 h8 = _mm256_add_ps(h16, l16);          // j += j+8
     const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
     const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
@@ -52,25 +51,25 @@ struct Simd {
   template <class T> static G load(const typename T::storage* p) {
     G g;
     if constexpr (T::dtype == DType::float32) {
-      for (int k = 0; k < 4; ++k) g.v[k] = _mm256_loadu_ps(p + 8 * k);
+      for (int k = 0; k < kRegs; ++k) g.v[k] = _mm256_loadu_ps(p + 8 * k);
     } else if constexpr (T::dtype == DType::float16) {
-      for (int k = 0; k < 4; ++k)
+      for (int k = 0; k < kRegs; ++k)
         g.v[k] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * k)));
     } else {
-      for (int k = 0; k < 4; ++k)
+      for (int k = 0; k < kRegs; ++k)
         g.v[k] = bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * k)));
     }
     return g;
   }
   template <class T> static void store(typename T::storage* p, const G& g) {
     if constexpr (T::dtype == DType::float32) {
-      for (int k = 0; k < 4; ++k) _mm256_storeu_ps(p + 8 * k, g.v[k]);
+      for (int k = 0; k < kRegs; ++k) _mm256_storeu_ps(p + 8 * k, g.v[k]);
     } else if constexpr (T::dtype == DType::float16) {
-      for (int k = 0; k < 4; ++k)
+      for (int k = 0; k < kRegs; ++k)
         _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8 * k),
                          _mm256_cvtps_ph(g.v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     } else {
-      for (int k = 0; k < 4; k += 2)
+      for (int k = 0; k < kRegs; k += 2)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 8 * k),
                             pack_u32_pair(f32_to_bf16_u32(g.v[k]), f32_to_bf16_u32(g.v[k + 1])));
     }
@@ -80,12 +79,12 @@ struct Simd {
       return g;
     } else if constexpr (T::dtype == DType::float16) {
       G r;
-      for (int k = 0; k < 4; ++k)
+      for (int k = 0; k < kRegs; ++k)
         r.v[k] = _mm256_cvtph_ps(_mm256_cvtps_ph(g.v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
       return r;
     } else {
       G r;
-      for (int k = 0; k < 4; ++k)
+      for (int k = 0; k < kRegs; ++k)
         r.v[k] = _mm256_castsi256_ps(_mm256_slli_epi32(f32_to_bf16_u32(g.v[k]), 16));
       return r;
     }

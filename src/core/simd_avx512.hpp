@@ -1,7 +1,13 @@
-// AVX-512 (F, BW, VL, DQ) "group of 32 floats" = two zmm registers (lanes 0-15, 16-31).
-// bf16 rounding is done with integer ops, not AVX512-BF16's VCVTNEPS2BF16: that instruction
-// flushes subnormal inputs to zero, and torch keeps them, so it would break bit-exactness.
-// Compiled only in translation units built with the AVX-512 flags.
+// AVX-512 (F, BW, VL, DQ; BF16 optional) groups of 64 floats. Compiled only in translation units
+// built with the AVX-512 flags. Two layouts:
+//   Simd      natural: v[k] holds elements 16k .. 16k+15. Any dtype mix.
+//   SimdBf16  even/odd split, for kernels whose every tensor is bf16: one 64-byte load of 32 bf16,
+//             read as 16 dwords, gives the even elements by a shift and the odd ones by a mask
+//             (2 ops per 32 elements instead of 4), and stores re-interleave with one permute.
+// bf16 rounding: VCVTNEPS2BF16 (AVX512-BF16) rounds to nearest even but flushes subnormals and
+// rewrites NaN payloads, so every group is checked with VFPCLASSPS and a group holding a subnormal
+// or NaN takes the integer rounding, which is exact. Without AVX512-BF16 the integer rounding is
+// used throughout.
 #pragma once
 #include <immintrin.h>
 
@@ -12,33 +18,45 @@
 namespace opgym {
 namespace {  // NOLINT: internal linkage per instruction set, see convert.hpp
 
-struct Simd {
-  struct G { __m512 v[2]; };
-  static G splat(float s) { const __m512 x = _mm512_set1_ps(s); return {{x, x}}; }
-  static G mul(const G& a, const G& b) { return {{_mm512_mul_ps(a.v[0], b.v[0]), _mm512_mul_ps(a.v[1], b.v[1])}}; }
-  static G add(const G& a, const G& b) { return {{_mm512_add_ps(a.v[0], b.v[0]), _mm512_add_ps(a.v[1], b.v[1])}}; }
-  // Fold by halves, exactly as the scalar path.
-  static float fold(const G& g) {
-    const __m512 h16 = _mm512_add_ps(g.v[0], g.v[1]);
-    const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(h16),
-                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h16), 1)));
-    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-    const __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));
-    return _mm_cvtss_f32(h1);
-  }
+// Four halvings of one vector: lanes j += j+8, j += j+4, j += j+2, then lane 0 + lane 1.
+inline float fold16(__m512 v) {
+  const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(v),
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+}
 
-  static __m512i f32_to_bf16_u32(__m512 f) {  // RNE, NaN -> 0x7fc0; 16 x uint32
-    const __m512i u = _mm512_castps_si512(f);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
-    return _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7fc0));
+// fp32 -> bf16 bits (in the high half of each dword, low half zero) by integer round-to-nearest-even;
+// NaN -> 0x7fc0. Exact for every input.
+inline __m512i bf16_round_high(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))),
+                                     _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+  return _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7fc00000));
+}
+
+// Lanes the hardware bf16 conversion would get wrong: NaN (payload) and subnormal (flushed).
+inline __mmask16 needs_exact(__m512 f) { return _mm512_fpclass_ps_mask(f, 0x01 | 0x80 | 0x20); }
+
+struct Simd {
+  static constexpr int kGroup = 64, kRegs = 4;
+  struct G { __m512 v[kRegs]; };
+  static G splat(float s) { G g; for (auto& r : g.v) r = _mm512_set1_ps(s); return g; }
+  static G mul(const G& a, const G& b) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm512_mul_ps(a.v[k], b.v[k]); return g; }
+  static G add(const G& a, const G& b) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm512_add_ps(a.v[k], b.v[k]); return g; }
+  static void store_raw(float* p, const G& g) { for (int k = 0; k < kRegs; ++k) _mm512_storeu_ps(p + 16 * k, g.v[k]); }
+  static G load_raw(const float* p) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm512_loadu_ps(p + 16 * k); return g; }
+  // Fold by halves: +32 (v0+v2, v1+v3), +16 (the two sums), then within the vector.
+  static float fold(const G& g) {
+    return fold16(_mm512_add_ps(_mm512_add_ps(g.v[0], g.v[2]), _mm512_add_ps(g.v[1], g.v[3])));
   }
 
   template <class T> static G load(const typename T::storage* p) {
     G g;
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < kRegs; ++k) {
       if constexpr (T::dtype == DType::float32) {
         g.v[k] = _mm512_loadu_ps(p + 16 * k);
       } else {
@@ -50,13 +68,13 @@ struct Simd {
     return g;
   }
   template <class T> static void store(typename T::storage* p, const G& g) {
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < kRegs; ++k) {
       if constexpr (T::dtype == DType::float32) {
         _mm512_storeu_ps(p + 16 * k, g.v[k]);
       } else {
         __m256i h;
         if constexpr (T::dtype == DType::float16) h = _mm512_cvtps_ph(g.v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        else h = _mm512_cvtepi32_epi16(f32_to_bf16_u32(g.v[k]));
+        else h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round_high(g.v[k]), 16));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 16 * k), h);
       }
     }
@@ -66,14 +84,141 @@ struct Simd {
       return g;
     } else {
       G r;
-      for (int k = 0; k < 2; ++k) {
+      for (int k = 0; k < kRegs; ++k) {
         if constexpr (T::dtype == DType::float16)
           r.v[k] = _mm512_cvtph_ps(_mm512_cvtps_ph(g.v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         else
-          r.v[k] = _mm512_castsi512_ps(_mm512_slli_epi32(f32_to_bf16_u32(g.v[k]), 16));
+          r.v[k] = _mm512_castsi512_ps(bf16_round_high(g.v[k]));
       }
       return r;
     }
+  }
+};
+
+// All-bf16 kernels. v = {even 0..31, odd 0..31, even 32..63, odd 32..63}: v[2h] lane j holds element
+// 32h + 2j, v[2h+1] lane j holds element 32h + 2j + 1. kNative: AVX512-BF16 conversions, which the
+// caller may choose only for rows it has proven free of NaN and subnormal results (see the kernel).
+template <bool kNative>
+struct SimdBf16 {
+  static constexpr int kGroup = 64, kRegs = 4;
+  using G = Simd::G;
+  static G splat(float s) { return Simd::splat(s); }
+  static G mul(const G& a, const G& b) { return Simd::mul(a, b); }
+  static G add(const G& a, const G& b) { return Simd::add(a, b); }
+  static void store_raw(float* p, const G& g) { Simd::store_raw(p, g); }
+  static G load_raw(const float* p) { return Simd::load_raw(p); }
+  // +32 pairs v0 with v2 and v1 with v3; +16 .. +2 stay inside the even (or odd) vector as its own
+  // halvings; the last step (+1) adds the even total to the odd total. Same sums as the scalar fold.
+  static float fold(const G& g) {
+    return fold16(_mm512_add_ps(g.v[0], g.v[2])) + fold16(_mm512_add_ps(g.v[1], g.v[3]));
+  }
+  static G split(__m512i lo, __m512i hi) {  // 64 bf16 in memory order -> the layout
+    const __m512i mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+    return {{_mm512_castsi512_ps(_mm512_slli_epi32(lo, 16)), _mm512_castsi512_ps(_mm512_and_si512(lo, mask)),
+             _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16)), _mm512_castsi512_ps(_mm512_and_si512(hi, mask))}};
+  }
+  template <class T> static G load(const uint16_t* p) {
+    static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
+    return split(_mm512_loadu_si512(p), _mm512_loadu_si512(p + 32));
+  }
+  // Rounded bf16 in memory order, 32 per vector. Native: cvtne2ps2bf16(a, b) gives words 0..15 from b
+  // (even), 16..31 from a (odd); the permute puts word k at element position k.
+  static void pack(const G& g, __m512i& lo, __m512i& hi) {
+    if constexpr (kNative) {
+      const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+      lo = _mm512_permutexvar_epi16(idx, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(g.v[1], g.v[0])));
+      hi = _mm512_permutexvar_epi16(idx, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(g.v[3], g.v[2])));
+    } else {  // exact: odd keeps its high half, even moves its high half down
+      lo = _mm512_or_si512(_mm512_srli_epi32(bf16_round_high(g.v[0]), 16), bf16_round_high(g.v[1]));
+      hi = _mm512_or_si512(_mm512_srli_epi32(bf16_round_high(g.v[2]), 16), bf16_round_high(g.v[3]));
+    }
+  }
+  template <class T> static void store(uint16_t* p, const G& g) {
+    static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
+    __m512i lo, hi;
+    pack(g, lo, hi);
+    _mm512_storeu_si512(p, lo);
+    _mm512_storeu_si512(p + 32, hi);
+  }
+  template <class T> static G round_trip(const G& g) {
+    static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
+    if constexpr (kNative) {
+      __m512i lo, hi;
+      pack(g, lo, hi);
+      return split(lo, hi);
+    } else {
+      G r;
+      for (int k = 0; k < kRegs; ++k) r.v[k] = _mm512_castsi512_ps(bf16_round_high(g.v[k]));
+      return r;
+    }
+  }
+};
+
+// Smallest nonzero magnitude and largest magnitude of bf16 words, tracked 32 words per vector:
+// (w << 1) drops the sign; minus one turns zero into 0xffff so unsigned min skips it.
+struct Bf16Range {
+  __m512i min_m1 = _mm512_set1_epi16(-1), max2 = _mm512_setzero_si512();
+  void add(__m512i raw) {
+    const __m512i m2 = _mm512_slli_epi16(raw, 1);
+    min_m1 = _mm512_min_epu16(min_m1, _mm512_sub_epi16(m2, _mm512_set1_epi16(1)));
+    max2 = _mm512_max_epu16(max2, m2);
+  }
+  static uint16_t reduce_min(__m512i v) {  // halvings, then PHMINPOSUW on the last 8 words
+    const __m256i h = _mm256_min_epu16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    const __m128i q = _mm_min_epu16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    return static_cast<uint16_t>(_mm_cvtsi128_si32(_mm_minpos_epu16(q)));
+  }
+  // Smallest nonzero |value| (0 if all are zero); whether any is Inf or NaN.
+  float min_nonzero() const {
+    const uint16_t m = reduce_min(min_m1);
+    return m == 0xffff ? 0.0f : bf16_to_f32(static_cast<uint16_t>((m + 1) >> 1));
+  }
+  bool all_finite() const {
+    return static_cast<uint16_t>(~reduce_min(_mm512_xor_si512(max2, _mm512_set1_epi16(-1)))) < (0x7f80 << 1);
+  }
+};
+
+// Proves, per row, that AVX512-BF16's conversions are exact for it: with finite x (a finite sum of
+// squares) and finite weights there is no NaN, and with min|h| = bf16(fp32(min|x| * r)) >= 2^-126 and
+// min|h| * min|w| >= 2^-126 (smallest nonzero magnitudes; rounding is monotonic) no h or y is
+// subnormal. A row that fails takes the exact integer rounding.
+struct Bf16Guard {
+  static constexpr bool kActive = true;
+  bool weight_ok = false;
+  float w_min = 0;
+  __m512i min2 = _mm512_set1_epi16(-1);  // min over |x| << 1 (zeros included: see row_min)
+  void weight(const uint16_t* w, int64_t dim, bool offset) {
+    Bf16Range r;
+    int64_t i = 0;
+    for (; i + 32 <= dim; i += 32) r.add(_mm512_loadu_si512(w + i));
+    if (i < dim) r.add(_mm512_maskz_loadu_epi16((__mmask32)((1ull << (dim - i)) - 1), w + i));
+    weight_ok = !offset && r.all_finite();
+    w_min = r.min_nonzero();
+  }
+  void begin_row() { min2 = _mm512_set1_epi16(-1); }
+  void track(const uint16_t* x) {  // one group of 64: two ops per 32 elements
+    min2 = _mm512_min_epu16(min2, _mm512_slli_epi16(_mm512_loadu_si512(x), 1));
+    min2 = _mm512_min_epu16(min2, _mm512_slli_epi16(_mm512_loadu_si512(x + 32), 1));
+  }
+  // Smallest nonzero |x| of the row. The cheap minimum counts zeros; only a row holding a zero is
+  // scanned again (it is in L1) with zeros skipped.
+  float row_min(const uint16_t* x, int64_t dim) const {
+    const uint16_t m = Bf16Range::reduce_min(min2);
+    if (m != 0) return bf16_to_f32(static_cast<uint16_t>(m >> 1));
+    Bf16Range r;
+    int64_t i = 0;
+    for (; i + 32 <= dim; i += 32) r.add(_mm512_loadu_si512(x + i));
+    if (i < dim) r.add(_mm512_maskz_loadu_epi16((__mmask32)((1ull << (dim - i)) - 1), x + i));
+    return r.min_nonzero();
+  }
+  bool fast(float sum, float rinv, float xmin, bool hf) const {
+    if (!weight_ok || !(sum <= 3.4e38f) || !(rinv <= 3.4e38f)) return false;
+    if (xmin == 0.0f || w_min == 0.0f) return true;  // all-zero x or w: products are exact zeros
+    float h = static_cast<float>(static_cast<double>(xmin) * rinv);
+    if (hf) h = bf16_to_f32(f32_to_bf16(h));
+    constexpr double kMinNormal = 0x1p-126;
+    return (!hf || h >= kMinNormal) && static_cast<double>(h) * w_min >= kMinNormal;
   }
 };
 

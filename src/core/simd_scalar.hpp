@@ -1,5 +1,5 @@
-// Portable "group of 32 floats": the scalar path. Lane j of a group is element j of a 32-element
-// chunk; see kSumLanes in rms_norm.hpp for why groups are 32 wide on every path.
+// Portable "group of 64 floats": the scalar path. Lane j of a group is element j of a 64-element
+// chunk; see kSumLanes in rms_norm.hpp for why groups are 64 wide on every path.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -11,23 +11,26 @@ namespace opgym {
 namespace {  // NOLINT: internal linkage per instruction set, see convert.hpp
 
 struct Simd {
-  struct G { float v[32]; };
+  static constexpr int kGroup = 64;
+  struct G { float v[kGroup]; };
   static G splat(float s) { G g; for (float& f : g.v) f = s; return g; }
-  static G mul(const G& a, const G& b) { G g; for (int i = 0; i < 32; ++i) g.v[i] = a.v[i] * b.v[i]; return g; }
-  static G add(const G& a, const G& b) { G g; for (int i = 0; i < 32; ++i) g.v[i] = a.v[i] + b.v[i]; return g; }
+  static G mul(const G& a, const G& b) { G g; for (int i = 0; i < kGroup; ++i) g.v[i] = a.v[i] * b.v[i]; return g; }
+  static G add(const G& a, const G& b) { G g; for (int i = 0; i < kGroup; ++i) g.v[i] = a.v[i] + b.v[i]; return g; }
+  static void store_raw(float* p, const G& g) { for (int i = 0; i < kGroup; ++i) p[i] = g.v[i]; }
+  static G load_raw(const float* p) { G g; for (int i = 0; i < kGroup; ++i) g.v[i] = p[i]; return g; }
   static float fold(G g) {
-    for (int n = 16; n >= 1; n /= 2)
+    for (int n = kGroup / 2; n >= 1; n /= 2)
       for (int j = 0; j < n; ++j) g.v[j] += g.v[j + n];
     return g.v[0];
   }
   template <class T> static G load(const typename T::storage* p) {
-    G g; for (int i = 0; i < 32; ++i) g.v[i] = T::to_f32(p[i]); return g;
+    G g; for (int i = 0; i < kGroup; ++i) g.v[i] = T::to_f32(p[i]); return g;
   }
   template <class T> static void store(typename T::storage* p, const G& g) {
-    for (int i = 0; i < 32; ++i) p[i] = T::from_f32(g.v[i]);
+    for (int i = 0; i < kGroup; ++i) p[i] = T::from_f32(g.v[i]);
   }
   template <class T> static G round_trip(const G& g) {
-    G r; for (int i = 0; i < 32; ++i) r.v[i] = T::to_f32(T::from_f32(g.v[i])); return r;
+    G r; for (int i = 0; i < kGroup; ++i) r.v[i] = T::to_f32(T::from_f32(g.v[i])); return r;
   }
 };
 

@@ -13,6 +13,7 @@ struct RmsNormJob {
   DType x_dtype{}, w_dtype{}, out_dtype{};
   NormMode mode = NormMode::hf;
   bool weight_offset = false;
+  bool native_bf16 = false;  // the CPU has AVX512-BF16 conversions (the AVX-512 path uses them)
   float eps = 0.f;           // already rounded to fp32, as torch adds it to an fp32 tensor
   int64_t dim = 0;
   // Row addressing: row r starts at x + offset(r) elements. When the leading dims collapse to one
@@ -39,9 +40,14 @@ void rms_norm_rows_scalar(const RmsNormJob& job, int64_t begin, int64_t end);
 void rms_norm_rows_avx2(const RmsNormJob& job, int64_t begin, int64_t end);
 void rms_norm_rows_avx512(const RmsNormJob& job, int64_t begin, int64_t end);
 
-// Each path's vector fp32 -> dtype rounding (n a multiple of 32), for tests.
+// Each path's vector fp32 -> dtype rounding (n a multiple of 64), for tests.
 void round_f32_scalar(DType to, const float* in, void* out, int64_t n);
 void round_f32_avx2(DType to, const float* in, void* out, int64_t n);
 void round_f32_avx512(DType to, const float* in, void* out, int64_t n);
+// The AVX-512 all-bf16 layout's store and round trip (native: AVX512-BF16 instructions), for tests.
+void round_bf16_avx512_split(bool native, const float* in, uint16_t* stored, float* round_tripped, int64_t n);
+// Whether the AVX-512 path may use AVX512-BF16 (the CPU has it, and tests have not turned it off).
+bool native_bf16_enabled();
+void set_native_bf16(bool enabled);  // tests: exercise the exact integer rounding on any CPU
 
 }  // namespace opgym::detail

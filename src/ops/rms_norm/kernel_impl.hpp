@@ -1,16 +1,23 @@
-// The RMSNorm CPU kernel, written once over a "group of 32 floats" (Simd::G) and compiled once per
+// The RMSNorm CPU kernel, written once over a "group of 64 floats" (S::G) and compiled once per
 // instruction set (kernel_scalar.cpp, kernel_avx2.cpp, kernel_avx512.cpp). Include after a simd_*.hpp.
 //
 // Why it is shaped this way:
-// - Two passes over a row: sum of squares, then scale and store. A row of a transformer (<= 16 KiB
-//   in bf16) stays in L1/L2 between the passes, so memory sees one read and one write per element.
+// - Two passes over a row: sum of squares, then scale and store. A transformer row (<= 16 KiB in
+//   bf16) stays in L1/L2 between the passes, so memory sees one read and one write per element.
 // - Products and sums are separate roundings (mul then add, no FMA; the build sets
 //   -ffp-contract=off) because HF materializes x.pow(2) in fp32 before summing.
-// - Element i adds into lane i mod 32 on every ISA and the 32 lanes fold by halves, so scalar, AVX2
-//   and AVX-512 give the same bits, and the basic-op golden can reproduce them.
-// - A row's last partial group (dim not a multiple of 32) goes through a zero-padded stack buffer:
+// - Element i adds into lane i mod 64 on every ISA and the 64 lanes fold by halves, so scalar, AVX2
+//   and AVX-512 give the same bits, and the basic-op golden can reproduce them. 64 lanes are four
+//   independent AVX-512 add chains: pass 1 runs at load speed instead of add latency.
+// - The weight is converted to fp32 (with the Gemma offset folded in) once per call, not per row.
+// - Short rows (per-head 128) are taken in batches of up to 16: all sums first, then the divides and
+//   square roots, then all scaling, so each row's serial fold/sqrt/divide latency overlaps the others.
+// - A Guard may prove a row safe for a faster, inexact-in-general conversion (AVX512-BF16); a row it
+//   cannot prove takes the exact path. NoGuard: the path's conversions are exact everywhere.
+// - A row's last partial group (dim not a multiple of 64) goes through a zero-padded stack buffer:
 //   zeros add nothing to the sum, and only the valid elements are copied out. No heap, no masks.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -19,58 +26,117 @@
 namespace opgym {
 namespace {  // NOLINT: internal linkage per instruction set, see core/convert.hpp
 
-using G = Simd::G;
+constexpr int kRowBatch = 16;
+constexpr int64_t kBatchBytes = 16 * 1024;  // rows batched while their inputs fit in L1
+constexpr int64_t kWeightBuf = 4096;        // weights pre-converted when dim <= this (16 KiB)
 
-template <class TX, class TW, class TO, bool kHf>
+struct NoGuard {
+  static constexpr bool kActive = false;
+  template <class P> void weight(const P*, int64_t, bool) {}
+  void begin_row() {}
+  template <class P> void track(const P*) {}
+  template <class P> float row_min(const P*, int64_t) const { return 0.0f; }
+  bool fast(float, float, float, bool) const { return false; }
+};
+
+// S: the fast group ops; SExact: the exact ones (the same type unless a Guard is active).
+template <class S, class SExact, class Guard, class TX, class TW, class TO, bool kHf>
 void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
   using SX = typename TX::storage;
   using SW = typename TW::storage;
   using SO = typename TO::storage;
-  const int64_t dim = job.dim, body = dim - dim % 32, tail = dim - body;
+  using G = typename S::G;
+  constexpr int kG = S::kGroup;
+  const int64_t dim = job.dim, body = dim - dim % kG, tail = dim - body;
   const SW* w = reinterpret_cast<const SW*>(job.w);
-  const G one = Simd::splat(1.0f);
   const bool offset = job.weight_offset;
+  const int batch = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(kRowBatch, kBatchBytes / std::max<int64_t>(1, dim * sizeof(SX)))));
 
   // Tail scratch, zero-padded; the weight tail is loaded once per call.
-  alignas(64) SX xt[32];
-  alignas(64) SW wt[32];
-  alignas(64) SO ot[32];
+  alignas(64) SX xt[kG];
+  alignas(64) SW wt[kG];
+  alignas(64) SO ot[kG];
   std::memset(wt, 0, sizeof wt);
   if (tail) std::memcpy(wt, w + body, tail * sizeof(SW));
 
-  for (int64_t r = begin; r < end; ++r) {
+  // The weight in fp32, in the group layout, offset applied: once per call when it fits.
+  alignas(64) float wbuf[kWeightBuf + kG];
+  const bool wconv = dim <= kWeightBuf;
+  auto weight_group = [&](const SW* wp) {
+    G wv = S::template load<TW>(wp);
+    if (offset) wv = S::add(wv, S::splat(1.0f));
+    return wv;
+  };
+  if (wconv) {
+    for (int64_t i = 0; i < body; i += kG) S::store_raw(wbuf + i, weight_group(w + i));
+    if (tail) S::store_raw(wbuf + body, weight_group(wt));
+  }
+  Guard guard;
+  if constexpr (Guard::kActive) guard.weight(w, dim, offset);
+
+  auto row_ptrs = [&](int64_t r, const SX*& x, SO*& out) {
     int64_t xo, oo;
     job.row_offsets(r, xo, oo);
-    const SX* x = reinterpret_cast<const SX*>(job.x) + xo;
-    SO* out = reinterpret_cast<SO*>(job.out) + oo;
-    if (tail) {
-      std::memset(xt, 0, sizeof xt);
-      std::memcpy(xt, x + body, tail * sizeof(SX));
-    }
-
-    G acc = Simd::splat(0.0f);
-    for (int64_t i = 0; i < body; i += 32) {
-      const G v = Simd::template load<TX>(x + i);
-      acc = Simd::add(acc, Simd::mul(v, v));
-    }
-    if (tail) {
-      const G v = Simd::template load<TX>(xt);
-      acc = Simd::add(acc, Simd::mul(v, v));
-    }
-    const float var = Simd::fold(acc) / static_cast<float>(dim);
-    const G rinv = Simd::splat(1.0f / std::sqrt(var + job.eps));
-
-    auto scale = [&](const SX* xp, const SW* wp) {
-      G h = Simd::mul(Simd::template load<TX>(xp), rinv);
-      if constexpr (kHf) h = Simd::template round_trip<TX>(h);
-      G wv = Simd::template load<TW>(wp);
-      if (offset) wv = Simd::add(wv, one);
-      return Simd::mul(wv, h);
+    x = reinterpret_cast<const SX*>(job.x) + xo;
+    out = reinterpret_cast<SO*>(job.out) + oo;
+  };
+  auto load_tail = [&](const SX* x) {
+    std::memset(xt, 0, sizeof xt);
+    std::memcpy(xt, x + body, tail * sizeof(SX));
+  };
+  // Pass 2 for one row with the group ops Sx (S or SExact; both share the layout).
+  auto scale_row = [&](auto sx, const SX* x, SO* out, float rinv) {
+    using Sx = decltype(sx);
+    const G ri = Sx::splat(rinv);
+    auto scale = [&](const SX* xp, int64_t i, const SW* wp) {
+      G h = Sx::mul(Sx::template load<TX>(xp), ri);
+      if constexpr (kHf) h = Sx::template round_trip<TX>(h);
+      return Sx::mul(wconv ? Sx::load_raw(wbuf + i) : weight_group(wp), h);
     };
-    for (int64_t i = 0; i < body; i += 32) Simd::template store<TO>(out + i, scale(x + i, w + i));
+    for (int64_t i = 0; i < body; i += kG) Sx::template store<TO>(out + i, scale(x + i, i, w + i));
     if (tail) {
-      Simd::template store<TO>(ot, scale(xt, wt));
+      load_tail(x);
+      Sx::template store<TO>(ot, scale(xt, body, wt));
       std::memcpy(out + body, ot, tail * sizeof(SO));
+    }
+  };
+
+  float sums[kRowBatch], rinv[kRowBatch], xmin[kRowBatch];
+  for (int64_t r0 = begin; r0 < end; r0 += batch) {
+    const int n = static_cast<int>(std::min<int64_t>(batch, end - r0));
+    for (int k = 0; k < n; ++k) {  // pass 1: sums of squares
+      const SX* x;
+      SO* out;
+      row_ptrs(r0 + k, x, out);
+      guard.begin_row();
+      G acc = S::splat(0.0f);
+      for (int64_t i = 0; i < body; i += kG) {
+        const G v = S::template load<TX>(x + i);
+        acc = S::add(acc, S::mul(v, v));
+        if constexpr (Guard::kActive) guard.track(x + i);
+      }
+      if (tail) {
+        load_tail(x);
+        const G v = S::template load<TX>(xt);
+        acc = S::add(acc, S::mul(v, v));
+        if constexpr (Guard::kActive) guard.track(xt);
+      }
+      sums[k] = S::fold(acc);
+      xmin[k] = guard.row_min(x, dim);
+    }
+    for (int k = 0; k < n; ++k) rinv[k] = 1.0f / std::sqrt(sums[k] / static_cast<float>(dim) + job.eps);
+    for (int k = 0; k < n; ++k) {  // pass 2: scale, round, store
+      const SX* x;
+      SO* out;
+      row_ptrs(r0 + k, x, out);
+      if constexpr (Guard::kActive) {
+        if (guard.fast(sums[k], rinv[k], xmin[k], kHf)) {
+          scale_row(S{}, x, out, rinv[k]);
+          continue;
+        }
+      }
+      scale_row(SExact{}, x, out, rinv[k]);
     }
   }
 }
@@ -82,9 +148,16 @@ void dispatch_rows(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
       using TX = decltype(tx);
       using TW = decltype(tw);
       if (job.out_dtype == DType::float32) {
-        rows_impl<TX, TW, F32, kHf>(job, begin, end);
+        rows_impl<Simd, Simd, NoGuard, TX, TW, F32, kHf>(job, begin, end);
       } else if constexpr (TX::dtype == TW::dtype) {
-        rows_impl<TX, TW, TX, kHf>(job, begin, end);
+#ifdef OPGYM_SIMD_BF16
+        if constexpr (TX::dtype == DType::bfloat16) {  // every tensor bf16: the split layout
+          if (job.native_bf16) rows_impl<SimdBf16<true>, SimdBf16<false>, Bf16Guard, TX, TW, TX, kHf>(job, begin, end);
+          else rows_impl<SimdBf16<false>, SimdBf16<false>, NoGuard, TX, TW, TX, kHf>(job, begin, end);
+          return;
+        }
+#endif
+        rows_impl<Simd, Simd, NoGuard, TX, TW, TX, kHf>(job, begin, end);
       }
     });
   });
@@ -95,13 +168,13 @@ void rows_any(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
   else dispatch_rows<false>(job, begin, end);
 }
 
-// This path's vector conversion fp32 -> `to` over n (a multiple of 32) values: lets the tests hold
+// This path's vector conversion fp32 -> `to` over n (a multiple of 64) values: lets the tests hold
 // every path's rounding to the scalar reference on ties, subnormals, overflow and NaN.
 void round_f32_any(DType to, const float* in, void* out, int64_t n) {
   with_storage(to, [&](auto tag) {
     using T = decltype(tag);
     auto* o = static_cast<typename T::storage*>(out);
-    for (int64_t i = 0; i + 32 <= n; i += 32) Simd::template store<T>(o + i, Simd::template load<F32>(in + i));
+    for (int64_t i = 0; i + Simd::kGroup <= n; i += Simd::kGroup) Simd::template store<T>(o + i, Simd::template load<F32>(in + i));
   });
 }
 

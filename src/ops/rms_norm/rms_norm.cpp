@@ -3,6 +3,7 @@
 #include "opgym/rms_norm.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -53,7 +54,24 @@ bool leading_collapse(const TensorView& t, int64_t& row_stride) {
   return true;
 }
 
+std::atomic<bool> native_bf16_allowed{true};
+
 }  // namespace
+
+namespace detail {
+bool native_bf16_enabled() {
+  static const bool has = [] {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
+#else
+    return false;
+#endif
+  }();
+  return has && native_bf16_allowed.load(std::memory_order_relaxed);
+}
+void set_native_bf16(bool enabled) { native_bf16_allowed.store(enabled, std::memory_order_relaxed); }
+}  // namespace detail
 
 RmsNormPlan plan_rms_norm(const TensorView& x, DType weight_dtype, int threads) {
   detail::check_view(x, "x", "rms_norm", /*need_data=*/false);
@@ -67,7 +85,7 @@ RmsNormPlan plan_rms_norm(const TensorView& x, DType weight_dtype, int threads) 
   p.rows_collapse = leading_collapse(x, rs);
   p.isa = active_cpu_isa();
   p.vector_elems = p.isa == CpuIsa::avx512 ? 16 : p.isa == CpuIsa::avx2 ? 8 : 1;
-  p.vector_body = p.dim - p.dim % kSumLanes;
+  p.vector_body = p.dim - p.dim % kSumLanes;  // every path's group is kSumLanes wide
   p.tail = p.dim - p.vector_body;
   const int64_t row_bytes = std::max<int64_t>(1, p.dim * static_cast<int64_t>(dtype_size(x.dtype)));
   p.row_block = std::max<int64_t>(1, kBlockBytes / row_bytes);
@@ -137,6 +155,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
   job.out_dtype = out_dtype;
   job.mode = opt.mode;
   job.weight_offset = opt.weight_offset;
+  job.native_bf16 = plan.isa == CpuIsa::avx512 && detail::native_bf16_enabled();
   job.eps = static_cast<float>(opt.eps);
   job.dim = dim;
   int64_t xs = 0, os = 0;

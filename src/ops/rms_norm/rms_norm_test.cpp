@@ -13,6 +13,7 @@
 
 #include "cases/inputs.hpp"
 #include "core/convert.hpp"
+#include "ops/rms_norm/kernel.hpp"
 #include "opgym/opgym.hpp"
 
 namespace opgym {
@@ -179,6 +180,53 @@ TEST(RmsNorm, NanAndInfPropagateAsTorchsFormula) {
       EXPECT_TRUE(std::isnan(got.at(107)));
       EXPECT_EQ(got.at(108), 0.0);
       EXPECT_FALSE(std::isnan(got.at(350)));  // row 3 untouched
+    }
+  }
+  set_cpu_isa(best_cpu_isa());
+}
+
+// The AVX-512 all-bf16 fast path uses AVX512-BF16 conversions only on rows it proves free of NaN
+// and subnormal results. Rows built to break that proof must still match the golden bit for bit.
+TEST(RmsNorm, Bf16FastPathFallsBackWhereHardwareRoundingWouldDiffer) {
+  if (!cpu_supports(CpuIsa::avx512)) GTEST_SKIP() << "no AVX-512";
+  set_cpu_isa(CpuIsa::avx512);
+  const int64_t rows = 6, dim = 200;
+  auto bits = [](float v) { return f32_to_bf16(v); };
+  for (int weight_case = 0; weight_case < 4; ++weight_case) {
+    Buffer x = cases::make_normal(TensorSpec{"x", {rows, dim}, DType::bfloat16}, 21, 0);
+    Buffer w = cases::make_normal(TensorSpec{"w", {dim}, DType::bfloat16}, 21, 1);
+    auto* xs = reinterpret_cast<uint16_t*>(x.bytes.data());
+    auto* ws = reinterpret_cast<uint16_t*>(w.bytes.data());
+    xs[0 * dim + 3] = bits(0x1p-131f);           // row 0: a subnormal x gives a subnormal h
+    xs[1 * dim + 9] = bits(0x1p-120f);           // row 1: normal h, but h * small weight is subnormal
+    ws[9] = bits(weight_case == 0 ? 0x1p-20f : 0.5f);
+    xs[2 * dim + 0] = 0;                          // row 2: zeros (the cheap minimum must skip them)
+    xs[2 * dim + 100] = 0x8000;                   // -0
+    for (int64_t i = 0; i < dim; ++i) xs[3 * dim + i] = 0;  // row 3: all zeros
+    xs[4 * dim + 50] = bits(NAN);                 // row 4: NaN
+    xs[5 * dim + 7] = bits(3e38f);                // row 5: the sum of squares overflows
+    if (weight_case == 2) ws[17] = bits(INFINITY);
+    if (weight_case == 3) ws[18] = bits(NAN);
+    for (NormMode mode : {NormMode::hf, NormMode::fp32}) {
+      RmsNormOptions opt;
+      opt.mode = mode;
+      Buffer want = cases::make_buffer({rows, dim}, DType::bfloat16), fast = want, exact = want;
+      reference::rms_norm_basic_ops(x.view(), w.view(), want.view(), opt);
+      rms_norm(x.view(), w.view(), fast.view(), opt);
+      detail::set_native_bf16(false);
+      rms_norm(x.view(), w.view(), exact.view(), opt);
+      detail::set_native_bf16(true);
+      for (int64_t i = 0; i < rows * dim; ++i) {
+        const double e = want.at(i);
+        if (std::isnan(e)) {
+          ASSERT_TRUE(std::isnan(fast.at(i)) && std::isnan(exact.at(i))) << i;
+          continue;
+        }
+        ASSERT_EQ(reinterpret_cast<uint16_t*>(fast.bytes.data())[i], reinterpret_cast<uint16_t*>(want.bytes.data())[i])
+            << "native path, weight case " << weight_case << " " << mode_name(mode) << " row " << i / dim << " col " << i % dim;
+        ASSERT_EQ(reinterpret_cast<uint16_t*>(exact.bytes.data())[i], reinterpret_cast<uint16_t*>(want.bytes.data())[i])
+            << "exact path, element " << i;
+      }
     }
   }
   set_cpu_isa(best_cpu_isa());
