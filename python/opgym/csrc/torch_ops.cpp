@@ -149,12 +149,15 @@ at::Tensor& rms_norm_inplace_cpu(at::Tensor& x, const at::Tensor& weight, double
 at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                          bool /*weight_offset*/) {
   const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
+  check_device(weight, "weight", x.device());
   return at::empty_symint(x.sym_sizes(), x.options().dtype(out_dtype), at::MemoryFormat::Contiguous);
 }
 
 at::Tensor& rms_norm_out_meta(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                               bool /*weight_offset*/, at::Tensor& out) {
   const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
+  check_device(weight, "weight", x.device());
+  check_device(out, "out", x.device());
   TORCH_CHECK_VALUE(out.scalar_type() == out_dtype, "opgym::rms_norm_out: out must have dtype ", out_dtype, ", got ",
                     out.scalar_type());
   TORCH_CHECK_VALUE(out.dim() == x.dim(), "opgym::rms_norm_out: out must have the shape of x ", x.sym_sizes(), ", got ",
@@ -168,6 +171,7 @@ at::Tensor& rms_norm_out_meta(const at::Tensor& x, const at::Tensor& weight, dou
 at::Tensor& rms_norm_inplace_meta(at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                                   bool /*weight_offset*/) {
   const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
+  check_device(weight, "weight", x.device());
   TORCH_CHECK_VALUE(out_dtype == x.scalar_type(), "opgym::rms_norm_: in place needs an output dtype equal to x's ",
                     x.scalar_type(), ", but weight ", weight.scalar_type(), " promotes it to ", out_dtype);
   return x;

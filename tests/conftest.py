@@ -1,0 +1,99 @@
+"""Shared helpers for opgym's pytest suite (run from tests/: `make test-python`).
+
+OPGYM_DEVICE picks the device the precision tests run on (default cpu). Lines starting with
+[PRECISION_PASS] / [PRECISION_FAIL] and the measured precision figures are repeated in pytest's
+closing summary so they appear in the log without -s.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+CASE_FILES = sorted((REPO / "cases").glob("*/rms_norm*.json"))
+PEER_CASES = REPO / ".." / "shared" / "peer-cases" / "rms_norm_test_cases.json"
+DEVICE = os.environ.get("OPGYM_DEVICE", "cpu")
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+REPORT: list[str] = []
+
+
+def report(line: str) -> None:
+    """Prints a line now and again in the closing summary."""
+    print(line)
+    REPORT.append(line)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if REPORT:
+        terminalreporter.section("opgym precision")
+        for line in REPORT:
+            terminalreporter.write_line(line)
+
+
+def load_cases(path: Path) -> list[tuple[str, dict]]:
+    with open(path) as f:
+        data = json.load(f)
+    return [(f"{path.parent.name}/{c['id']}", c) for c in data["test_cases"]]
+
+
+def all_case_params() -> list:
+    params = []
+    files = list(CASE_FILES) + ([PEER_CASES] if PEER_CASES.exists() else [])
+    for path in files:
+        for cid, case in load_cases(path):
+            params.append(pytest.param(case, id=cid))
+    return params
+
+
+def case_tensors(case: dict):
+    """The guide's flow: seed, draw x and weight on the CPU (randn in fp32, cast), move to DEVICE."""
+    inp = case["input"]
+    x_name = next(k for k, v in inp.items() if isinstance(v, dict) and "shape" in v and k not in ("weight", "gamma"))
+    w_spec = inp.get("weight") or inp["gamma"]
+    eps = inp["eps"]["value"] if isinstance(inp["eps"], dict) else inp["eps"]
+    torch.manual_seed(case["seed"])
+    x = torch.randn(inp[x_name]["shape"]).to(DTYPES[inp[x_name]["dtype"]])
+    w = torch.randn(w_spec["shape"]).to(DTYPES[w_spec["dtype"]])
+    out = case["output"]
+    out_spec = out["output"] if "output" in out else (out if "shape" in out else next(iter(out.values())))
+    return x.to(DEVICE), w.to(DEVICE), float(eps), out_spec
+
+
+def hf_rms_norm(hidden: int, weight: torch.Tensor, eps: float, cls=None):
+    """transformers' own RMSNorm module (Qwen2.5-VL's by default) holding `weight`."""
+    if cls is None:
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm as cls
+    m = cls(hidden, eps=eps)
+    m.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return m.eval()
+
+
+def ordered(t: torch.Tensor) -> torch.Tensor:
+    """Floats mapped to integers whose order and differences count ulps (sign-magnitude -> linear)."""
+    if t.dtype == torch.float32:
+        i = t.view(torch.int32).to(torch.int64)
+        mag = i & 0x7FFFFFFF
+    else:
+        i = t.view(torch.int16).to(torch.int64)
+        mag = i & 0x7FFF
+    return torch.where(i < 0, -mag, mag)
+
+
+def ulp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    return (ordered(a.cpu()) - ordered(b.cpu())).abs()
+
+
+@pytest.fixture
+def no_opgym_env(monkeypatch):
+    monkeypatch.delenv("OPGYM_RMS_NORM", raising=False)
