@@ -28,7 +28,9 @@ namespace {  // NOLINT: internal linkage per instruction set, see core/convert.h
 
 constexpr int kRowBatch = 16;
 constexpr int64_t kBatchBytes = 16 * 1024;  // rows batched while their inputs fit in L1
-constexpr int64_t kWeightBuf = 4096;        // weights pre-converted when dim <= this (16 KiB)
+constexpr int64_t kWeightBuf = 4096;        // weights pre-converted when dim <= this (16 KiB) ...
+constexpr int64_t kWeightBufRows = 4;       // ... and the call has this many rows to amortize it
+constexpr int64_t kPrefetchRowBytes = 8 * 1024;  // rows at least this long prefetch the next row
 
 struct NoGuard {
   static constexpr bool kActive = false;
@@ -62,7 +64,7 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
 
   // The weight in fp32, in the group layout, offset applied: once per call when it fits.
   alignas(64) float wbuf[kWeightBuf + kG];
-  const bool wconv = dim <= kWeightBuf;
+  const bool wconv = dim <= kWeightBuf && end - begin >= kWeightBufRows;
   auto weight_group = [&](const SW* wp) {
     G wv = S::template load<TW>(wp);
     if (offset) wv = S::add(wv, S::splat(1.0f));
@@ -85,8 +87,11 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
     std::memset(xt, 0, sizeof xt);
     std::memcpy(xt, x + body, tail * sizeof(SX));
   };
+  // Long rows come from L3 or DRAM: while a row is scaled (a write stream), the next row's reads
+  // are started, so pass 1 of the next row finds it in cache instead of waiting on memory.
+  const bool prefetch = dim * static_cast<int64_t>(sizeof(SX)) >= kPrefetchRowBytes;
   // Pass 2 for one row with the group ops Sx (S or SExact; both share the layout).
-  auto scale_row = [&](auto sx, const SX* x, SO* out, float rinv) {
+  auto scale_row = [&](auto sx, const SX* x, SO* out, float rinv, const SX* next) {
     using Sx = decltype(sx);
     const G ri = Sx::splat(rinv);
     auto scale = [&](const SX* xp, int64_t i, const SW* wp) {
@@ -94,7 +99,12 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
       if constexpr (kHf) h = Sx::template round_trip<TX>(h);
       return Sx::mul(wconv ? Sx::load_raw(wbuf + i) : weight_group(wp), h);
     };
-    for (int64_t i = 0; i < body; i += kG) Sx::template store<TO>(out + i, scale(x + i, i, w + i));
+    for (int64_t i = 0; i < body; i += kG) {
+      if (next)
+        for (int64_t b = 0; b < static_cast<int64_t>(kG * sizeof(SX)); b += 64)
+          __builtin_prefetch(reinterpret_cast<const char*>(next + i) + b, 0, 3);
+      Sx::template store<TO>(out + i, scale(x + i, i, w + i));
+    }
     if (tail) {
       load_tail(x);
       Sx::template store<TO>(ot, scale(xt, body, wt));
@@ -130,13 +140,18 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
       const SX* x;
       SO* out;
       row_ptrs(r0 + k, x, out);
+      const SX* next = nullptr;
+      if (prefetch && r0 + k + 1 < end) {
+        SO* unused;
+        row_ptrs(r0 + k + 1, next, unused);
+      }
       if constexpr (Guard::kActive) {
         if (guard.fast(sums[k], rinv[k], xmin[k], kHf)) {
-          scale_row(S{}, x, out, rinv[k]);
+          scale_row(S{}, x, out, rinv[k], next);
           continue;
         }
       }
-      scale_row(SExact{}, x, out, rinv[k]);
+      scale_row(SExact{}, x, out, rinv[k], next);
     }
   }
 }

@@ -55,6 +55,7 @@ bool leading_collapse(const TensorView& t, int64_t& row_stride) {
 }
 
 std::atomic<bool> native_bf16_allowed{true};
+RmsNormPlan make_plan(const TensorView& x, DType weight_dtype, int threads);
 
 }  // namespace
 
@@ -75,6 +76,12 @@ void set_native_bf16(bool enabled) { native_bf16_allowed.store(enabled, std::mem
 
 RmsNormPlan plan_rms_norm(const TensorView& x, DType weight_dtype, int threads) {
   detail::check_view(x, "x", "rms_norm", /*need_data=*/false);
+  return make_plan(x, weight_dtype, threads);
+}
+
+namespace {
+// The plan of a view already checked.
+RmsNormPlan make_plan(const TensorView& x, DType weight_dtype, int threads) {
   RmsNormPlan p;
   p.dim = x.last_dim();
   p.rows = x.rows();
@@ -101,6 +108,7 @@ RmsNormPlan plan_rms_norm(const TensorView& x, DType weight_dtype, int threads) 
   }
   return p;
 }
+}  // namespace
 
 std::string RmsNormPlan::describe() const {
   std::ostringstream o;
@@ -144,7 +152,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
   detail::check_disjoint(weight, "weight", out, "out", op);
 
   Executor& ex = executor ? *executor : default_executor();
-  const RmsNormPlan plan = plan_rms_norm(x, weight.dtype, ex.max_threads());
+  const RmsNormPlan plan = make_plan(x, weight.dtype, ex.max_threads());
 
   detail::RmsNormJob job;
   job.x = static_cast<const char*>(x.data);
