@@ -2,9 +2,9 @@
 // intra-op thread pool, and Meta kernels (shape + promoted dtype) for fake tensors / torch.compile.
 //
 //   opgym::rms_norm(Tensor x, Tensor weight, float eps, str mode="hf", bool weight_offset=False) -> Tensor
-//   opgym::rms_norm_out(Tensor x, Tensor weight, float eps, str mode="hf", bool weight_offset=False, *,
+//   opgym::rms_norm_out(Tensor x, Tensor weight, float eps, str norm_mode="hf", bool weight_offset=False, *,
 //                       Tensor(a!) out) -> Tensor(a!)
-//   opgym::rms_norm_(Tensor(a!) x, Tensor weight, float eps, str mode="hf", bool weight_offset=False) -> Tensor(a!)
+//   opgym::rms_norm_(Tensor(a!) x, Tensor weight, float eps, str norm_mode="hf", bool weight_offset=False) -> Tensor(a!)
 //
 // The output dtype is torch's promotion of (weight, x), as HF's `weight * h.to(x.dtype)` gives it; the
 // functional form returns a contiguous tensor of x's shape. No autograd formula is registered: the
@@ -182,10 +182,14 @@ at::Tensor& rms_norm_inplace_meta(at::Tensor& x, const at::Tensor& weight, doubl
 TORCH_LIBRARY(opgym, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, str mode=\"hf\", bool weight_offset=False) -> Tensor",
         {at::Tag::pt2_compliant_tag});
-  m.def("rms_norm_out(Tensor x, Tensor weight, float eps, str mode=\"hf\", bool weight_offset=False, *, "
+  // The mutable forms call the mode `norm_mode`: under torch.compile they are functionalized through
+  // the auto_functionalized higher-order op, whose dispatch helper takes a parameter named `mode`
+  // and so cannot be given an operator argument of that name (torch 2.13: "got multiple values for
+  // argument 'mode'").
+  m.def("rms_norm_out(Tensor x, Tensor weight, float eps, str norm_mode=\"hf\", bool weight_offset=False, *, "
         "Tensor(a!) out) -> Tensor(a!)",
         {at::Tag::out, at::Tag::pt2_compliant_tag});
-  m.def("rms_norm_(Tensor(a!) x, Tensor weight, float eps, str mode=\"hf\", bool weight_offset=False) -> Tensor(a!)",
+  m.def("rms_norm_(Tensor(a!) x, Tensor weight, float eps, str norm_mode=\"hf\", bool weight_offset=False) -> Tensor(a!)",
         {at::Tag::inplace, at::Tag::pt2_compliant_tag});
 }
 
