@@ -61,7 +61,8 @@ struct Simd {
     }
     return g;
   }
-  template <class T> static void store(typename T::storage* p, const G& g) {
+  template <class T, bool kRt = false> static G load_w(const typename T::storage* p) { return load<T>(p); }
+  template <class T, bool kRt = false> static void store(typename T::storage* p, const G& g) {
     if constexpr (T::dtype == DType::float32) {
       for (int k = 0; k < kRegs; ++k) _mm256_storeu_ps(p + 8 * k, g.v[k]);
     } else if constexpr (T::dtype == DType::float16) {

@@ -67,7 +67,8 @@ struct Simd {
     }
     return g;
   }
-  template <class T> static void store(typename T::storage* p, const G& g) {
+  template <class T, bool kRt = false> static G load_w(const typename T::storage* p) { return load<T>(p); }
+  template <class T, bool kRt = false> static void store(typename T::storage* p, const G& g) {
     for (int k = 0; k < kRegs; ++k) {
       if constexpr (T::dtype == DType::float32) {
         _mm512_storeu_ps(p + 16 * k, g.v[k]);
@@ -95,9 +96,15 @@ struct Simd {
   }
 };
 
-// All-bf16 kernels. v = {even 0..31, odd 0..31, even 32..63, odd 32..63}: v[2h] lane j holds element
-// 32h + 2j, v[2h+1] lane j holds element 32h + 2j + 1. kNative: AVX512-BF16 conversions, which the
-// caller may choose only for rows it has proven free of NaN and subnormal results (see the kernel).
+// All-bf16 kernels. Two lane orders, both of 64 elements in four vectors (per 32 elements: two):
+//   load order  v[2h] lane j = element 32h + 2j, v[2h+1] lane j = element 32h + 2j + 1 (a 64-byte load
+//               read as dwords: even elements by a shift, odd ones by a mask);
+//   rt order    what rounding in load order then splitting again gives without a permute:
+//               v[2h] lanes 0..7 = elements 4j, lanes 8..15 = 4j+1; v[2h+1]: 4j+2 and 4j+3.
+// In hf mode h is rounded (round_trip: load order -> rt order), so the weight is taken in rt order and
+// y is stored from it; in fp32 mode everything stays in load order. Only the store permutes.
+// kNative: AVX512-BF16 conversions, which the caller may choose only for rows it has proven free of
+// NaN and subnormal results (see Bf16Guard).
 template <bool kNative>
 struct SimdBf16 {
   static constexpr int kGroup = 64, kRegs = 4;
@@ -109,48 +116,82 @@ struct SimdBf16 {
   static G load_raw(const float* p) { return Simd::load_raw(p); }
   // +32 pairs v0 with v2 and v1 with v3; +16 .. +2 stay inside the even (or odd) vector as its own
   // halvings; the last step (+1) adds the even total to the odd total. Same sums as the scalar fold.
+  // (Only pass 1 folds, always in load order.)
   static float fold(const G& g) {
     return fold16(_mm512_add_ps(g.v[0], g.v[2])) + fold16(_mm512_add_ps(g.v[1], g.v[3]));
   }
-  static G split(__m512i lo, __m512i hi) {  // 64 bf16 in memory order -> the layout
-    const __m512i mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-    return {{_mm512_castsi512_ps(_mm512_slli_epi32(lo, 16)), _mm512_castsi512_ps(_mm512_and_si512(lo, mask)),
-             _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16)), _mm512_castsi512_ps(_mm512_and_si512(hi, mask))}};
+  static void split2(__m512i packed, __m512& a, __m512& b) {
+    a = _mm512_castsi512_ps(_mm512_slli_epi32(packed, 16));
+    b = _mm512_castsi512_ps(_mm512_and_si512(packed, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  // load order <-> rt order (for the exact path and for the weight; the fast path never needs it)
+  static G load_to_rt(const G& g) {
+    const __m512i ia = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i ib = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    G r;
+    for (int h = 0; h < 2; ++h) {
+      r.v[2 * h] = _mm512_permutex2var_ps(g.v[2 * h], ia, g.v[2 * h + 1]);
+      r.v[2 * h + 1] = _mm512_permutex2var_ps(g.v[2 * h], ib, g.v[2 * h + 1]);
+    }
+    return r;
+  }
+  static G rt_to_load(const G& g) {
+    const __m512i ie = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i io = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    G r;
+    for (int h = 0; h < 2; ++h) {
+      r.v[2 * h] = _mm512_permutex2var_ps(g.v[2 * h], ie, g.v[2 * h + 1]);
+      r.v[2 * h + 1] = _mm512_permutex2var_ps(g.v[2 * h], io, g.v[2 * h + 1]);
+    }
+    return r;
   }
   template <class T> static G load(const uint16_t* p) {
     static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
-    return split(_mm512_loadu_si512(p), _mm512_loadu_si512(p + 32));
+    G g;
+    for (int h = 0; h < 2; ++h) split2(_mm512_loadu_si512(p + 32 * h), g.v[2 * h], g.v[2 * h + 1]);
+    return g;
   }
-  // Rounded bf16 in memory order, 32 per vector. Native: cvtne2ps2bf16(a, b) gives words 0..15 from b
-  // (even), 16..31 from a (odd); the permute puts word k at element position k.
-  static void pack(const G& g, __m512i& lo, __m512i& hi) {
+  // The weight in the order pass 2 multiplies in: rt order in hf mode, load order in fp32 mode.
+  template <class T, bool kRt> static G load_w(const uint16_t* p) {
+    const G g = load<T>(p);
+    if constexpr (kRt) return load_to_rt(g);
+    else return g;
+  }
+  template <class T> static G round_trip(const G& g) {  // load order in, rt order out
+    static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
+    G r;
     if constexpr (kNative) {
-      const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-      lo = _mm512_permutexvar_epi16(idx, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(g.v[1], g.v[0])));
-      hi = _mm512_permutexvar_epi16(idx, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(g.v[3], g.v[2])));
-    } else {  // exact: odd keeps its high half, even moves its high half down
-      lo = _mm512_or_si512(_mm512_srli_epi32(bf16_round_high(g.v[0]), 16), bf16_round_high(g.v[1]));
-      hi = _mm512_or_si512(_mm512_srli_epi32(bf16_round_high(g.v[2]), 16), bf16_round_high(g.v[3]));
+      // cvtne2ps2bf16(a, b): words 0..15 from b, 16..31 from a; as dwords (word 2d+1 : word 2d).
+      for (int h = 0; h < 2; ++h) {
+        const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(g.v[2 * h + 1], g.v[2 * h]));
+        split2(packed, r.v[2 * h], r.v[2 * h + 1]);
+      }
+      return r;
+    } else {
+      for (int k = 0; k < kRegs; ++k) r.v[k] = _mm512_castsi512_ps(bf16_round_high(g.v[k]));
+      return load_to_rt(r);
     }
   }
-  template <class T> static void store(uint16_t* p, const G& g) {
-    static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
-    __m512i lo, hi;
-    pack(g, lo, hi);
-    _mm512_storeu_si512(p, lo);
-    _mm512_storeu_si512(p + 32, hi);
-  }
-  template <class T> static G round_trip(const G& g) {
+  // Stores y given in rt order (kRt) or load order.
+  template <class T, bool kRt> static void store(uint16_t* p, const G& y) {
     static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
     if constexpr (kNative) {
-      __m512i lo, hi;
-      pack(g, lo, hi);
-      return split(lo, hi);
+      // Packed word q holds: load order q<16: element 2q, else 2(q-16)+1;
+      //                      rt order q = 8m + j: element 4j + m.
+      const __m512i idx = kRt ? _mm512_set_epi16(31, 23, 15, 7, 30, 22, 14, 6, 29, 21, 13, 5, 28, 20, 12, 4,
+                                                 27, 19, 11, 3, 26, 18, 10, 2, 25, 17, 9, 1, 24, 16, 8, 0)
+                              : _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(y.v[2 * h + 1], y.v[2 * h]));
+        _mm512_storeu_si512(p + 32 * h, _mm512_permutexvar_epi16(idx, packed));
+      }
     } else {
-      G r;
-      for (int k = 0; k < kRegs; ++k) r.v[k] = _mm512_castsi512_ps(bf16_round_high(g.v[k]));
-      return r;
+      const G g = kRt ? rt_to_load(y) : y;
+      for (int h = 0; h < 2; ++h) {  // exact: odd keeps its high half, even moves its high half down
+        const __m512i e = _mm512_srli_epi32(bf16_round_high(g.v[2 * h]), 16);
+        _mm512_storeu_si512(p + 32 * h, _mm512_or_si512(e, bf16_round_high(g.v[2 * h + 1])));
+      }
     }
   }
 };
