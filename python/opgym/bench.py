@@ -1,0 +1,221 @@
+"""`opgym bench`: RMSNorm speed against its floor and its alternatives, measured in one process.
+
+For every shape (the captured Qwen2.5-VL cases plus a size sweep) and thread count it times:
+
+    copy            out.copy_(x): a plain copy of the same bytes (read + write) - the ceiling
+    opgym           torch.ops.opgym.rms_norm (functional: allocates the output)
+    opgym_out       torch.ops.opgym.rms_norm_out into a preallocated output
+    opgym_cpp       the C++ API called directly in a loop (no dispatcher, no allocation)
+    hf_eager        transformers' own RMSNorm module forward (eight ops, eight dispatches)
+    F.rms_norm      torch.nn.functional.rms_norm (torch's own fused op; fp32 statistics)
+    compile         torch.compile of the HF module forward (Inductor's generated C++)
+    basic_ops       opgym's unfused C++ golden (op by op, materialized intermediates; 1 thread)
+
+Each figure is the median of --samples samples, each sample a loop sized to about --sample-ms.
+GB/s counts input bytes + output bytes; "% copy" is copy time / implementation time at the same
+shape and thread count. Results go to a table, CSV and JSON, and a PNG of GB/s against size.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+SWEEP_ROWS = (1, 4, 16, 64, 256, 1024, 4096)
+EXTRA = (((4096, 8192), "float32"), ((1036, 1280), "bfloat16"), ((64, 16, 128), "bfloat16"))
+DEFAULT_CASES = Path(__file__).resolve().parents[2] / "cases" / "qwen2_5_vl_3b" / "rms_norm.json"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cases", default=str(DEFAULT_CASES), help="gym case file whose shapes are benchmarked")
+    p.add_argument("--threads", default="1,all", help="thread counts, e.g. 1,all or 2 (default 1,all)")
+    p.add_argument("--impls", default="copy,opgym,opgym_out,opgym_cpp,hf_eager,F.rms_norm,compile,basic_ops",
+                   help="comma-separated implementations to time")
+    p.add_argument("--quick", action="store_true", help="captured shapes and a short sweep only")
+    p.add_argument("--samples", type=int, default=5)
+    p.add_argument("--sample-ms", type=float, default=30.0)
+    p.add_argument("--out-dir", default="results", help="where bench.csv, bench.json and bench.png go")
+
+
+def _shapes(args):
+    out = []
+    if args.cases and os.path.exists(args.cases):
+        with open(args.cases) as f:
+            for c in json.load(f)["test_cases"]:
+                x = next(v for k, v in c["input"].items() if isinstance(v, dict) and "shape" in v and k not in ("weight", "gamma"))
+                out.append((tuple(x["shape"]), x["dtype"], c["id"]))
+    rows = (1, 64, 1024) if args.quick else SWEEP_ROWS
+    out += [((r, 2048), "bfloat16", f"sweep_{r}x2048") for r in rows]
+    if not args.quick:
+        out += [(s, d, "x".join(map(str, s)) + "_" + d) for s, d in EXTRA]
+    return out
+
+
+def _time(fn, samples: int, sample_ms: float) -> float:
+    """Median seconds per call."""
+    fn()
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < 0.005 or n < 3:
+        fn()
+        n += 1
+    per = (time.perf_counter() - t0) / n
+    iters = max(1, int(sample_ms / 1e3 / max(per, 1e-9)))
+    res = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        res.append((time.perf_counter() - t0) / iters)
+    return statistics.median(res)
+
+
+def run_bench(args) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm
+
+    import opgym
+
+    impls = [s.strip() for s in args.impls.split(",") if s.strip()]
+    all_threads = torch.get_num_threads()
+    threads = sorted({all_threads if t.strip() == "all" else int(t) for t in args.threads.split(",")})
+    has_cpp = hasattr(torch.ops.opgym, "bench_core")
+    rows = []
+    compiled = {}
+    for nt in threads:
+        torch.set_num_threads(nt)
+        for shape, dtype_name, label in _shapes(args):
+            dtype = getattr(torch, dtype_name)
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(shape, generator=g).to(dtype)
+            mod = Qwen2_5_VLRMSNorm(shape[-1], eps=1e-6)
+            with torch.no_grad():
+                mod.weight.copy_(torch.randn(shape[-1], generator=g) * 0.1 + 1)
+            mod = mod.to(dtype)
+            w = mod.weight.detach()
+            out = torch.empty_like(x)
+            nbytes = 2 * x.numel() * x.element_size()
+            fns = {
+                "copy": lambda: out.copy_(x),
+                "opgym": lambda: torch.ops.opgym.rms_norm(x, w, 1e-6),
+                "opgym_out": lambda: torch.ops.opgym.rms_norm_out(x, w, 1e-6, out=out),
+                "hf_eager": lambda: mod(x),
+                "F.rms_norm": lambda: F.rms_norm(x, (shape[-1],), w, 1e-6),
+            }
+            if has_cpp:
+                fns["opgym_cpp"] = ("cpp", "fused")
+                fns["basic_ops"] = ("cpp", "basic_ops")
+            if "compile" in impls:
+                key = (dtype_name, len(shape))
+                if key not in compiled:  # one dynamic-shape compile per dtype and rank
+                    compiled[key] = torch.compile(mod.forward, dynamic=True)
+                cf = compiled[key]
+                fns["compile"] = lambda: cf(x)
+            row = {"shape": list(shape), "dtype": dtype_name, "label": label, "threads": nt, "bytes": nbytes}
+            with torch.no_grad():
+                for name in impls:
+                    fn = fns.get(name)
+                    if fn is None:
+                        continue
+                    if name == "basic_ops" and (nt != 1 or x.numel() > (1 << 22)):
+                        continue  # single-threaded by design; very slow on the largest shapes
+                    if isinstance(fn, tuple):
+                        secs = torch.ops.opgym.bench_core(x, w, 1e-6, fn[1], args.samples, args.sample_ms) * 1e-9
+                    else:
+                        secs = _time(fn, args.samples, args.sample_ms)
+                    row[name + "_us"] = secs * 1e6
+                    row[name + "_gbs"] = nbytes / secs / 1e9
+            if "copy_us" in row:
+                for name in impls:
+                    if name + "_us" in row:
+                        row[name + "_pct_copy"] = 100.0 * row["copy_us"] / row[name + "_us"]
+            for ref in ("hf_eager", "F.rms_norm", "compile"):
+                if ref + "_us" in row and "opgym_us" in row:
+                    row["speedup_vs_" + ref] = row[ref + "_us"] / row["opgym_us"]
+            rows.append(row)
+            yield_row(row, impls)
+    torch.set_num_threads(all_threads)
+    return rows
+
+
+def yield_row(row, impls):
+    parts = [f"{row['label']:<40} t={row['threads']}"]
+    for name in impls:
+        if name + "_us" in row:
+            parts.append(f"{name} {row[name + '_us']:.2f}us")
+    print("  ".join(parts), flush=True)
+
+
+def _report(rows, impls, out_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    keys = sorted({k for r in rows for k in r})
+    with open(out_dir / "bench.csv", "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=keys)
+        wr.writeheader()
+        for r in rows:
+            wr.writerow({k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()})
+    with open(out_dir / "bench.json", "w") as f:
+        json.dump(rows, f, indent=1)
+
+    table = Table(title="RMSNorm: microseconds per call (GB/s, % of copy)")
+    for col in ["shape", "dtype", "thr"] + [i for i in impls if any(i + "_us" in r for r in rows)] + ["x HF", "x F.rms", "x compile"]:
+        table.add_column(col, justify="right")
+    for r in rows:
+        cells = [str(tuple(r["shape"])), r["dtype"], str(r["threads"])]
+        for i in impls:
+            if not any(i + "_us" in q for q in rows):
+                continue
+            if i + "_us" in r:
+                pct = f", {r[i + '_pct_copy']:.0f}%" if i + "_pct_copy" in r and i != "copy" else ""
+                cells.append(f"{r[i + '_us']:.1f} ({r[i + '_gbs']:.1f}{pct})")
+            else:
+                cells.append("-")
+        for ref in ("hf_eager", "F.rms_norm", "compile"):
+            s = r.get("speedup_vs_" + ref)
+            cells.append(f"{s:.1f}" if s else "-")
+        table.add_row(*cells)
+    Console(width=250).print(table)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len({r["threads"] for r in rows}), figsize=(13, 5), squeeze=False)
+    for ax, nt in zip(axes[0], sorted({r["threads"] for r in rows})):
+        sel = sorted([r for r in rows if r["threads"] == nt], key=lambda r: r["bytes"])
+        for name in impls:
+            pts = [(r["bytes"] / 2, r[name + "_gbs"]) for r in sel if name + "_gbs" in r]
+            if pts:
+                style = dict(color="black", linestyle="--", linewidth=2) if name == "copy" else {}
+                ax.plot(*zip(*pts), marker="o", label=name + (" (ceiling)" if name == "copy" else ""), **style)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("input bytes")
+        ax.set_ylabel("GB/s (input + output)")
+        ax.set_title(f"RMSNorm, {nt} thread(s)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "bench.png", dpi=110)
+    print(f"wrote {out_dir / 'bench.csv'}, {out_dir / 'bench.json'}, {out_dir / 'bench.png'}")
+
+
+def main(args) -> int:
+    import opgym
+
+    if not opgym.available():
+        print(f"opgym: error: the torch operators are not available: {opgym.load_error()}")
+        return 2
+    impls = [s.strip() for s in args.impls.split(",") if s.strip()]
+    rows = run_bench(args)
+    _report(rows, impls, Path(args.out_dir))
+    return 0
