@@ -499,6 +499,43 @@ def _measure_side(name, model, inputs, args, device, progress) -> dict:
     return out, logits
 
 
+def _rms_exactness(model, inputs, sync) -> dict:
+    """One prefill of the patched model in which every RMSNorm call's output is compared with HF's own
+    forward (the module class's forward) on the very same input: the kernel's exactness on the
+    model's real activations, before any propagation through later layers."""
+    import torch
+
+    acc = {"calls": 0, "elements": 0, "differing": 0, "max_abs_diff": 0.0, "max_ulps": 0.0}
+
+    def hook(module, args, out):
+        x = args[0]
+        ref = type(module).forward(module, x)
+        if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor) or out.shape != ref.shape:
+            return
+        o, r = out.float(), ref.float()
+        d = (o - r).abs()
+        acc["calls"] += 1
+        acc["elements"] += d.numel()
+        n = int((d != 0).sum())
+        if n:
+            acc["differing"] += n
+            acc["max_abs_diff"] = max(acc["max_abs_diff"], d.max().item())
+            eps = torch.finfo(ref.dtype).eps if ref.dtype.is_floating_point else 1.0
+            ulp = torch.exp2(torch.floor(torch.log2(r.abs().clamp_min(torch.finfo(ref.dtype).tiny)))) * eps
+            acc["max_ulps"] = max(acc["max_ulps"], (d / ulp).max().item())
+
+    handles = [m.register_forward_hook(hook) for m in _rms_modules(model)]
+    try:
+        with torch.inference_mode():
+            model(**inputs, use_cache=True, logits_to_keep=1)
+            sync()
+    finally:
+        for h in handles:
+            h.remove()
+    acc["compared_with"] = "HF's RMSNorm forward on the same input, every call of one prefill"
+    return acc
+
+
 def _agreement(base_logits, opt_logits, base_tokens, opt_tokens) -> dict:
     import torch
 
@@ -588,7 +625,7 @@ def _main(args) -> int:
     opgym = _opgym()
     dtype = getattr(torch, args.dtype)
 
-    steps = 2 + 2 * (args.warmup + 2 * args.repeats + 1) + 2
+    steps = 2 + 2 * (args.warmup + 2 * args.repeats + 1) + 3
     progress = Progress(steps, enabled=not args.no_progress)
     try:
         return _run(args, M, opgym, ops, page, image, dtype, progress)
@@ -710,6 +747,10 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
     try:
         opt, opt_logits = _measure_side("opgym", model, inputs, args, device, progress)
         after = _counts(opgym, handle)
+        progress.step("opgym: each RMSNorm output against HF's on the same input (one prefill)")
+        sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
+        exactness = _rms_exactness(model, inputs, sync)
+        progress.done()
     finally:
         if args.compile:
             with contextlib.suppress(AttributeError):
@@ -726,6 +767,7 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
 
     progress.step("comparing outputs")
     agreement = _agreement(base_logits.load(), opt_logits.load(), base["tokens"], opt["tokens"])
+    agreement["rms_norm_outputs"] = exactness
     progress.done()
     progress.close()
 
@@ -817,6 +859,9 @@ def _print_report(r: dict) -> None:
     a.add_row("prefill logits max rel diff (elementwise)", f"{ag['logits_max_rel_diff']:.4g}")
     a.add_row("prefill argmax positions differing", f"{ag['logits_argmax_positions_differing']} of {ag['logits_elements'] // ag['logits_shape'][-1]}")
     a.add_row("logits differing", f"{ag['logits_elements_differing']:,} of {ag['logits_elements']:,}")
+    ex = ag["rms_norm_outputs"]
+    a.add_row("RMSNorm outputs vs HF on the same inputs",
+              f"{ex['differing']:,} of {ex['elements']:,} elements differ (max {ex['max_ulps']:.0f} ulp), {ex['calls']} calls")
     a.add_row("greedy tokens identical", ("[green]yes[/green]" if ag["tokens_identical"] else
                                           f"[red]no[/red], first divergence at token {ag['first_divergence']}"))
     a.add_row("opgym calls fused / fallback", f"{_fmt(calls['fused'])} / {_fmt(calls['fallback'])}")
