@@ -38,8 +38,9 @@ ENV_SWITCH = "OPGYM_RMS_NORM"
 
 @dataclass
 class Stats:
-    """Calls through patched modules: `fused` ran opgym's kernel, `fallback` ran the original forward
-    (with the reason counted in `reasons`)."""
+    """Eager calls through patched modules: `fused` ran opgym's kernel, `fallback` ran the original
+    forward (with the reason counted in `reasons`). Calls inside a torch.compile'd graph are not
+    counted (a counter there would make dynamo recompile on every call)."""
     fused: int = 0
     fallback: int = 0
     reasons: dict = field(default_factory=dict)
@@ -175,6 +176,13 @@ def _make_forward(module: nn.Module, original, eps: float, handle_stats: Stats, 
     counters = (_GLOBAL, handle_stats)
 
     def forward(self, hidden_states, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            # Traced by torch.compile: the same decisions, made once per compiled graph (dynamo guards
+            # on dtype/device/grad mode/OPGYM_RMS_NORM), and no counting: updating a Python int
+            # here would become a guard on its value and recompile the graph on every call.
+            if args or kwargs or not enabled() or _fallback_reason(hidden_states, self.weight, devices):
+                return original(hidden_states, *args, **kwargs)
+            return torch.ops.opgym.rms_norm(hidden_states, self.weight, eps, "hf", False)
         if args or kwargs:
             _count(counters, False, "extra arguments")
             return original(hidden_states, *args, **kwargs)
