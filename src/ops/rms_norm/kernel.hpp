@@ -35,6 +35,15 @@ struct RmsNormJob {
   }
 };
 
+// Short rows are normalized in batches (all sums, then all sqrt/divides, then all scaling) so their
+// serial per-row latencies overlap; a batch's inputs stay within L1.
+constexpr int kRowBatch = 16;
+constexpr int64_t kBatchBytes = 16 * 1024;
+inline int batch_rows(int64_t dim, size_t elem_size) {
+  const int64_t by_bytes = kBatchBytes / (dim * static_cast<int64_t>(elem_size) > 0 ? dim * static_cast<int64_t>(elem_size) : 1);
+  return static_cast<int>(by_bytes < 1 ? 1 : by_bytes > kRowBatch ? kRowBatch : by_bytes);
+}
+
 // Normalizes rows [begin, end) of the job. One per instruction set; each lives in its own TU.
 void rms_norm_rows_scalar(const RmsNormJob& job, int64_t begin, int64_t end);
 void rms_norm_rows_avx2(const RmsNormJob& job, int64_t begin, int64_t end);

@@ -26,8 +26,7 @@
 namespace opgym {
 namespace {  // NOLINT: internal linkage per instruction set, see core/convert.hpp
 
-constexpr int kRowBatch = 16;
-constexpr int64_t kBatchBytes = 16 * 1024;  // rows batched while their inputs fit in L1
+using detail::kRowBatch;
 constexpr int64_t kWeightBuf = 4096;        // weights pre-converted when dim <= this (16 KiB) ...
 constexpr int64_t kWeightBufRows = 4;       // ... and the call has this many rows to amortize it
 constexpr int64_t kPrefetchRowBytes = 8 * 1024;  // rows at least this long prefetch the next row
@@ -52,8 +51,7 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
   const int64_t dim = job.dim, body = dim - dim % kG, tail = dim - body;
   const SW* w = reinterpret_cast<const SW*>(job.w);
   const bool offset = job.weight_offset;
-  const int batch = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(kRowBatch, kBatchBytes / std::max<int64_t>(1, dim * sizeof(SX)))));
+  const int batch = detail::batch_rows(dim, sizeof(SX));
 
   // Tail scratch, zero-padded; the weight tail is loaded once per call.
   alignas(64) SX xt[kG];

@@ -93,6 +93,16 @@ RmsNormPlan make_plan(const TensorView& x, DType weight_dtype, int threads) {
   p.isa = active_cpu_isa();
   p.vector_elems = p.isa == CpuIsa::avx512 ? 16 : p.isa == CpuIsa::avx2 ? 8 : 1;
   p.vector_body = p.dim - p.dim % kSumLanes;  // every path's group is kSumLanes wide
+  p.batch_rows = detail::batch_rows(p.dim, dtype_size(x.dtype));
+  const bool all_bf16 = x.dtype == DType::bfloat16 && weight_dtype == DType::bfloat16;
+  if (p.isa == CpuIsa::avx512 && all_bf16)
+    p.conversions = detail::native_bf16_enabled()
+                        ? "bf16 even/odd lanes; AVX512-BF16 on rows proven free of NaN/subnormal results, exact integer rounding otherwise"
+                        : "bf16 even/odd lanes; exact integer rounding";
+  else if (p.isa == CpuIsa::scalar)
+    p.conversions = "scalar, bit-exact with torch";
+  else
+    p.conversions = "F16C for fp16, integer round-to-nearest-even for bf16";
   p.tail = p.dim - p.vector_body;
   const int64_t row_bytes = std::max<int64_t>(1, p.dim * static_cast<int64_t>(dtype_size(x.dtype)));
   p.row_block = std::max<int64_t>(1, kBlockBytes / row_bytes);
@@ -121,9 +131,11 @@ std::string RmsNormPlan::describe() const {
     << " (" << (isa == CpuIsa::scalar ? "scalar lanes" : std::to_string(kSumLanes / vector_elems) + " x " +
                                                            std::to_string(vector_elems) + "-lane vectors")
     << ") + tail " << tail << "\n"
-    << "  row blocks    " << blocks << " of " << row_block << " rows\n"
+    << "  row blocks    " << blocks << " of " << row_block << " rows (threads claim blocks one at a time)\n"
+    << "  row batches   " << batch_rows << " rows: sums first, then sqrt/divide, then scaling\n"
     << "  threads       " << threads << "\n"
-    << "  isa           " << isa_name(isa) << "\n";
+    << "  isa           " << isa_name(isa) << "\n"
+    << "  conversions   " << conversions << "\n";
   return o.str();
 }
 

@@ -1,9 +1,9 @@
 // The CUDA RMSNorm against the CPU path, bit for bit: every dtype pair x both modes x the listed
 // last dims (every kernel: warp rows with 1- and 2-element lane access, a block per row from shared
 // memory, a block per row streaming a row larger than shared memory) x contiguous / row-strided /
-// misaligned / in-place layouts; plus NaN/Inf, Gemma's weight offset, grid-stride loops, 64-bit
-// offsets, a user stream and CUDA graph capture. The whole storage of out is compared, padding
-// included, so a write outside the view fails too.
+// misaligned (x and out, or the weight alone) / in-place layouts; plus NaN/Inf, Gemma's weight
+// offset, grid-stride loops, 64-bit offsets, a user stream and CUDA graph capture. The whole storage
+// of out is compared, padding included, so a write outside the view fails too.
 //
 // Without a GPU the device tests skip with the reason; the plan and the argument errors (thrown
 // before anything touches the device) run everywhere.
@@ -80,12 +80,13 @@ struct T {
   }
 };
 
-enum class Layout { contiguous, row_strided, misaligned, in_place };
+enum class Layout { contiguous, row_strided, misaligned, misaligned_weight, in_place };
 const char* layout_name(Layout l) {
   switch (l) {
     case Layout::contiguous: return "contiguous";
     case Layout::row_strided: return "row-strided";
     case Layout::misaligned: return "misaligned";
+    case Layout::misaligned_weight: return "misaligned-weight";
     default: return "in-place";
   }
 }
@@ -140,9 +141,11 @@ std::string first_difference(const std::vector<unsigned char>& got, const std::v
 std::string compare_with_cpu(const std::vector<int64_t>& shape, DType xt, DType wt, Layout layout, const RmsNormOptions& opt,
                              uint64_t seed, cudaStream_t stream = nullptr) {
   const DType ot = rms_norm_out_dtype(xt, wt);
-  T x = make_tensor(shape, xt, layout, seed, 0);
-  T w = make_tensor({shape.back()}, wt, Layout::contiguous, seed, 1);
-  T out = layout == Layout::in_place ? T{} : make_tensor(shape, ot, layout, seed, 2);
+  // misaligned_weight: x and out aligned, the weight one element into its allocation.
+  const Layout xl = layout == Layout::misaligned_weight ? Layout::contiguous : layout;
+  T x = make_tensor(shape, xt, xl, seed, 0);
+  T w = make_tensor({shape.back()}, wt, layout == Layout::misaligned_weight ? Layout::misaligned : Layout::contiguous, seed, 1);
+  T out = layout == Layout::in_place ? T{} : make_tensor(shape, ot, xl, seed, 2);
   x.upload();
   w.upload();
   if (layout != Layout::in_place) out.upload();
@@ -178,7 +181,8 @@ TEST_P(CudaRmsNormMatrix, BitIdenticalToTheCpuPath) {
   for (int64_t dim : dims) {
     std::vector<int64_t> shape = dim <= 2048 ? std::vector<int64_t>{3, 5, dim} : std::vector<int64_t>{2, 3, dim};
     if (dim >= 40000) shape = {3, dim};
-    for (Layout layout : {Layout::contiguous, Layout::row_strided, Layout::misaligned, Layout::in_place}) {
+    for (Layout layout : {Layout::contiguous, Layout::row_strided, Layout::misaligned, Layout::misaligned_weight,
+                          Layout::in_place}) {
       if (layout == Layout::in_place && ot != xt) continue;
       for (NormMode mode : {NormMode::hf, NormMode::fp32}) {
         RmsNormOptions opt;
@@ -268,7 +272,8 @@ TEST(CudaRmsNorm, NanAndInfPropagateAsTorchsFormula) {
 
 TEST(CudaRmsNorm, CapturedInACudaGraph) {
   REQUIRE_GPU();
-  for (int64_t dim : {2048, 5120}) {
+  // 30000 bf16 needs more than 48 KiB of shared memory: cudaFuncSetAttribute runs during capture.
+  for (int64_t dim : {2048, 5120, 30000}) {
     T x = make_tensor({1, 1, dim}, DType::bfloat16, Layout::contiguous, 9, 0);
     T w = make_tensor({dim}, DType::bfloat16, Layout::contiguous, 9, 1);
     T out = make_tensor({1, 1, dim}, DType::bfloat16, Layout::contiguous, 9, 2);
