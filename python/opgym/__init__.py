@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from ._ops import available, build_info, load_error, rms_norm, rms_norm_, rms_norm_out
+from . import capture as _capture_module  # noqa: F401 - loaded first, so `capture` below stays the function
 from .patch import PatchHandle, find_rms_norms, patch, reset_stats, stats
 
 __version__ = "0.1.0"
@@ -15,9 +16,7 @@ __version__ = "0.1.0"
 
 def capture(model, **kwargs):
     """Context manager recording every RMSNorm call of `model`; see opgym.capture.Capture."""
-    from .capture import Capture
-
-    return Capture(model, **kwargs)
+    return _capture_module.Capture(model, **kwargs)
 
 
 __all__ = ["available", "build_info", "capture", "find_rms_norms", "load_error", "patch", "PatchHandle",

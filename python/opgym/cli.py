@@ -63,6 +63,20 @@ def _capture_main(args) -> int:
         raise UsageError(f"opgym capture needs opgym.models, which is not available ({e})") from None
     from .capture import Capture
 
+    images = []
+    for path in args.image or []:
+        try:
+            images.append((path, models.load_image(path)))
+        except ValueError as e:
+            raise UsageError(f"--image: {e}") from None
+    for size in args.image_size or ([] if images else ["448x448"]):
+        try:
+            w, h = (int(v) for v in size.lower().split("x"))
+            if w < 28 or h < 28:
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"--image-size: expected WxH with both >= 28, got {size!r}") from None
+        images.append((f"synthetic page {w}x{h}", models.synthetic_page(width=w, height=h, seed=args.seed)))
     dtype = getattr(torch, args.dtype)
     processor = None
     if args.model:
@@ -79,20 +93,6 @@ def _capture_main(args) -> int:
         what = (f"Qwen2.5-VL-3B architecture (real widths: vision 1280, text 2048, head_dim 128), "
                 f"{args.text_layers} text layers, {args.vision_blocks} vision blocks, seeded random weights "
                 f"(seed {args.seed})")
-    images = []
-    for path in args.image or []:
-        try:
-            images.append((path, models.load_image(path)))
-        except ValueError as e:
-            raise UsageError(f"--image: {e}") from None
-    for size in args.image_size or ([] if images else ["448x448"]):
-        try:
-            w, h = (int(v) for v in size.lower().split("x"))
-            if w < 28 or h < 28:
-                raise ValueError
-        except ValueError:
-            raise UsageError(f"--image-size: expected WxH with both >= 28, got {size!r}") from None
-        images.append((f"synthetic page {w}x{h}", models.synthetic_page(width=w, height=h, seed=args.seed)))
     runs = []
     with torch.no_grad(), Capture(model) as cap:
         for name, image in images:
@@ -103,10 +103,10 @@ def _capture_main(args) -> int:
                         f"{inputs['image_grid_thw'][0].tolist()}")
     source = (f"opgym capture: {what}; {args.dtype}; generate with {args.max_new_tokens} new tokens on "
               f"image+text prompts ({'; '.join(runs)})")
-    data = cap.write(args.out, source=source,
-                     description="RMSNorm input signatures of Qwen2.5-VL-3B (prefill and decode), one case each; "
-                                 "depth is reduced, every call site repeats per layer with the same shape",
-                     prefix=args.prefix)
+    description = ("RMSNorm input signatures of Qwen2.5-VL-3B (prefill and decode), one case each; depth is "
+                   "reduced, every call site repeats per layer with the same shape" if not args.model else
+                   f"RMSNorm input signatures of {args.model} (prefill and decode), one case each")
+    data = cap.write(args.out, source=source, description=description, prefix=args.prefix)
     if args.records:
         with open(args.records, "w") as f:
             json.dump({"steps": cap.steps, "records": cap.records}, f, indent=1)
