@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# opgym's GPU check, for one machine with an NVIDIA GPU, torch (with CUDA), nvcc, cmake, ninja and
+# (optionally) triton and Liger-Kernel; nothing is downloaded. From the repository root:
+#
+#   scripts/gpu-check.sh            # results under $OUT (when set) or results/gpu-check/
+#
+# Stages (each one runs whatever the previous ones gave; a failed stage is reported, not fatal):
+#   1. build   CMake: the core with the CUDA backend (sm_90, OPGYM_CUDA=on) and the CUDA gtests.
+#              At the same time, the torch extension (opgym/_C.so with the CUDA operators) is built
+#              without CMake or pip: the core's sources with g++, the kernels with nvcc, the two
+#              torch_ops*.cpp with torch.utils.cpp_extension; it lands in a staged copy of the package.
+#   2. gtest   the CUDA gtests (bit-exact with the CPU path, graph capture, 64-bit offsets, errors).
+#   3. pytest  the precision suite with OPGYM_DEVICE=cuda.
+#   4. run     `opgym run --device cuda` (whole network, baseline vs opgym RMSNorm).
+#   5. bench   scripts/gpu_bench.py: captured shapes + size sweep vs HF eager, F.rms_norm,
+#              torch.compile, Liger; GB/s and % of a same-byte copy; decode latency in a CUDA graph.
+# Prints a stage summary and the benchmark table last. Whole run: under 8 minutes (stage timeouts
+# are taken from a 450 s budget).
+set -uo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+OUTDIR="${OUT:-$REPO/results/gpu-check}"
+mkdir -p "$OUTDIR/logs"
+WORK="$REPO/build-gpu"
+STAGE="$WORK/pkg"          # PYTHONPATH: a copy of python/opgym with the built _C.so
+PY="${PYTHON:-python3}"
+JOBS="$(nproc 2>/dev/null || echo 8)"
+HALF=$(( JOBS > 1 ? JOBS / 2 : 1 ))
+BUDGET=450
+START=$SECONDS
+declare -A STATUS=()
+ORDER=()
+
+left() { echo $(( BUDGET - (SECONDS - START) )); }
+# cap SECONDS [RESERVE]: a stage timeout no longer than SECONDS, leaving RESERVE for what follows.
+cap() { local l=$(( $(left) - ${2:-0} )); (( l < 10 )) && l=10; (( l > $1 )) && l=$1; echo "$l"; }
+stage() { ORDER+=("$1"); STATUS[$1]="$2"; printf '== %-7s %s\n' "$1" "$2"; }
+log() { echo "$OUTDIR/logs/$1.log"; }
+
+# ---- environment -----------------------------------------------------------------------------------
+{
+  echo "date: $(date -u)"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+  command -v nvcc >/dev/null && nvcc --version | tail -2
+  cmake --version | head -1
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())"
+  "$PY" -c "import triton; print('triton', triton.__version__)" 2>&1 | tail -1
+  "$PY" -c "import liger_kernel; print('liger_kernel', getattr(liger_kernel, '__version__', '?'))" 2>&1 | tail -1
+} > "$(log env)" 2>&1
+cat "$(log env)"
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu-check: torch sees no CUDA device; the GPU stages cannot run" >&2
+fi
+NVCC="$(command -v nvcc || true)"
+[ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+# CUDA_HOME for torch.utils.cpp_extension: the toolkit root that has the runtime headers (nvcc may be
+# a wrapper script or a symlink elsewhere).
+if [ -z "${CUDA_HOME:-}" ]; then
+  for c in "$( [ -n "$NVCC" ] && dirname "$(dirname "$(readlink -f "$NVCC")")")" /usr/local/cuda /usr/local/cuda-*; do
+    if [ -n "$c" ] && [ -f "$c/include/cuda_runtime.h" ]; then CUDA_HOME="$c"; break; fi
+  done
+fi
+export CUDA_HOME="${CUDA_HOME:-}"
+echo "CUDA_HOME: ${CUDA_HOME:-not found}"
+
+# ---- 1. build: CMake (core + CUDA + gtests) in the background, the torch extension meanwhile ----------
+mkdir -p "$WORK"
+export WORK STAGE PY HALF NVCC REPO
+(
+  cmake -S . -B "$WORK/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPGYM_CUDA=on \
+    -DCMAKE_CUDA_ARCHITECTURES=90 ${NVCC:+-DCMAKE_CUDA_COMPILER=$NVCC} \
+    -DOPGYM_BUILD_TOOLS=OFF -DOPGYM_BUILD_BENCH=OFF -DOPGYM_BUILD_TESTS=ON &&
+  timeout 240 cmake --build "$WORK/cmake" -j "$HALF" --target opgym_cuda_tests
+) > "$(log cmake)" 2>&1 &
+CMAKE_PID=$!
+
+build_ext() {
+  # Core objects: the `opgym` library's sources as the root CMakeLists lists them, with its
+  # per-file instruction-set options; the kernels with nvcc; then the two torch_ops files.
+  local objdir="$WORK/obj" abi
+  mkdir -p "$objdir"
+  abi="$("$PY" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')" || return 1
+  "$PY" - "$REPO/CMakeLists.txt" > "$objdir/sources.txt" <<'EOF' || return 1
+import re, sys
+text = open(sys.argv[1]).read()
+block = re.search(r"add_library\(opgym\s(.*?)\)", text, re.S).group(1)
+opts = {m.group(1): m.group(2).replace(";", " ")
+        for m in re.finditer(r'set_source_files_properties\((\S+)\s+PROPERTIES\s+COMPILE_OPTIONS\s+"([^"]*)"', text, re.S)}
+for src in re.findall(r"\S+\.cpp", block):
+    print(src + "\t" + opts.get(src, ""))
+EOF
+  local fail=0
+  export OBJDIR="$objdir" ABI="$abi"
+  compile_one() {
+    local src="${1%%$'\t'*}" flags="${1#*$'\t'}"
+    # shellcheck disable=SC2086  # flags: several options
+    ${CXX:-g++} -std=c++17 -O3 -fPIC -ffp-contract=off -fno-fast-math -D_GLIBCXX_USE_CXX11_ABI="$ABI" \
+      -Iinclude -Isrc $flags -c "$src" -o "$OBJDIR/${src//\//_}.o"
+  }
+  export -f compile_one
+  xargs -P "$HALF" -d '\n' -I{} bash -c 'compile_one "$1"' _ {} < "$objdir/sources.txt" || fail=1
+  "$NVCC" -std=c++17 -O3 -Xcompiler=-fPIC,-ffp-contract=off -D_GLIBCXX_USE_CXX11_ABI="$abi" \
+    -fmad=false --prec-div=true --prec-sqrt=true -gencode arch=compute_90,code=sm_90 \
+    -Iinclude -Isrc -c src/ops/rms_norm/rms_norm.cu -o "$objdir/rms_norm_cu.o" || fail=1
+  (( fail )) && return 1
+  rm -rf "$STAGE" && mkdir -p "$STAGE" && cp -r python/opgym "$STAGE/opgym" && rm -f "$STAGE/opgym/_C.so"
+  MAX_JOBS="$HALF" "$PY" - "$objdir" "$STAGE/opgym/_C.so" <<'EOF'
+import glob, os, shutil, sys
+from torch.utils import cpp_extension
+objdir, dest = sys.argv[1], sys.argv[2]
+build = os.path.join(objdir, "ext")
+os.makedirs(build, exist_ok=True)
+path = cpp_extension.load(
+    name="opgym_C", sources=["python/opgym/csrc/torch_ops.cpp", "python/opgym/csrc/torch_ops_cuda.cpp"],
+    extra_include_paths=[os.path.abspath("include")],
+    extra_cflags=["-O3", "-DOPGYM_EXT_CUDA=1", "-ffp-contract=off", "-fno-fast-math"],
+    extra_ldflags=sorted(glob.glob(os.path.join(objdir, "*.o"))) + ["-lcudart"],
+    with_cuda=True, is_python_module=False, build_directory=build, verbose=True)
+shutil.copy(path if isinstance(path, str) and path.endswith(".so") else os.path.join(build, "opgym_C.so"), dest)
+print("extension:", dest)
+EOF
+}
+t0=$SECONDS
+if [ -z "$NVCC" ]; then
+  stage ext "FAIL: no nvcc"
+elif (export -f build_ext; timeout 240 bash -c build_ext) > "$(log ext)" 2>&1; then
+  stage ext "ok ($((SECONDS - t0)) s): $STAGE/opgym/_C.so"
+else
+  stage ext "FAIL ($((SECONDS - t0)) s): see $(log ext): $(grep -m1 -iE 'error' "$(log ext)" | cut -c1-160)"
+fi
+wait "$CMAKE_PID"; rc=$?
+if (( rc == 0 )); then
+  stage cmake "ok ($((SECONDS - START)) s since start)"
+else
+  stage cmake "FAIL: see $(log cmake): $(grep -m1 -iE 'error|could not find' "$(log cmake)" | cut -c1-160)"
+fi
+
+# ---- 2. CUDA gtests ---------------------------------------------------------------------------------
+if [ -x "$WORK/cmake/opgym_cuda_tests" ]; then
+  timeout "$(cap 90 270)" "$WORK/cmake/opgym_cuda_tests" --gtest_brief=1 > "$(log gtest)" 2>&1; rc=$?
+  summary="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$(log gtest)" | tr '\n' ' ' | cut -c1-200)"
+  if (( rc == 0 )); then stage gtest "ok: $summary"; else stage gtest "FAIL (rc $rc): $summary; see $(log gtest)"; fi
+else
+  stage gtest "not run: no test binary (cmake stage)"
+fi
+
+export PYTHONPATH="$STAGE${PYTHONPATH:+:$PYTHONPATH}"
+HAVE_EXT=0
+"$PY" -c "import opgym, torch, sys; sys.exit(0 if 'cuda operators: yes' in torch.ops.opgym.build_info() else 1)" \
+  > "$(log import)" 2>&1 && HAVE_EXT=1
+
+# ---- 3. precision suite on the GPU ------------------------------------------------------------------
+if (( HAVE_EXT )); then
+  (cd tests && OPGYM_DEVICE=cuda timeout "$(cap 90 210)" "$PY" -m pytest -q -p no:cacheprovider . ) > "$(log pytest)" 2>&1; rc=$?
+  summary="$(grep -E '(passed|failed|error|skipped)' "$(log pytest)" | tail -1 | cut -c1-200)"
+  if (( rc == 0 )); then stage pytest "ok: $summary"; else stage pytest "FAIL (rc $rc): $summary; see $(log pytest)"; fi
+else
+  stage pytest "not run: opgym with CUDA operators does not import ($(tail -1 "$(log import)" | cut -c1-160))"
+fi
+
+# ---- 4. whole network: opgym run --device cuda --------------------------------------------------------
+if (( HAVE_EXT )); then
+  timeout "$(cap 90 150)" "$PY" -m opgym.cli run --device cuda --no-progress --report "$OUTDIR/run_cuda.json" \
+    > "$(log run)" 2>&1; rc=$?
+  if (( rc == 0 )); then stage run "ok: report $OUTDIR/run_cuda.json; $(grep -iE 'tok|speed' "$(log run)" | tail -2 | tr '\n' ' ' | cut -c1-200)"
+  else stage run "FAIL (rc $rc): $(tail -1 "$(log run)" | cut -c1-200); see $(log run)"; fi
+else
+  stage run "not run: no CUDA operators"
+fi
+
+# ---- 5. benchmark -----------------------------------------------------------------------------------
+TABLE="$OUTDIR/table.txt"
+rm -f "$TABLE"
+if (( HAVE_EXT )); then
+  bl=$(( $(left) - 10 )); (( bl < 60 )) && bl=60
+  timeout "$bl" "$PY" scripts/gpu_bench.py --json "$OUTDIR/gpu_bench.json" --table "$TABLE" --budget-s $(( bl - 40 )) \
+    > "$(log bench)" 2>&1; rc=$?
+  if (( rc == 0 )); then stage bench "ok: $OUTDIR/gpu_bench.json"; else stage bench "FAIL (rc $rc): $(tail -1 "$(log bench)" | cut -c1-200)"; fi
+else
+  stage bench "not run: no CUDA operators"
+fi
+
+# ---- summary, table last -------------------------------------------------------------------------------
+echo
+echo "gpu-check: $((SECONDS - START)) s; logs and results in $OUTDIR"
+for s in "${ORDER[@]}"; do printf '  %-7s %s\n' "$s" "${STATUS[$s]}"; done
+echo
+if [ -f "$TABLE" ]; then cat "$TABLE"; else echo "(no benchmark table)"; tail -5 "$(log bench)" 2>/dev/null; fi
