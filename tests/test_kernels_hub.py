@@ -73,7 +73,7 @@ def test_layer_contract():
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm
 
     assert RMSNorm.__init__ is nn.Module.__init__  # stateless: no constructor of its own
-    assert set(RMSNorm.__annotations__) == {"weight", "variance_epsilon"}
+    assert {"weight", "variance_epsilon"} <= set(RMSNorm.__annotations__)
     assert RMSNorm.can_torch_compile is True
     assert RMSNorm.has_backward is False
     assert not torch._C._dispatch_has_kernel_for_dispatch_key("opgym::rms_norm", "Autograd")
