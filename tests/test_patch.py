@@ -365,3 +365,26 @@ def test_compile_reads_switch_when_tracing(monkeypatch):
     assert "opgym" not in graphs[-1] and "rsqrt" in graphs[-1]
     handle.undo()
     assert torch.equal(got, module(x))
+
+
+def test_compile_whole_patched_model_fullgraph():
+    """A whole patched Qwen3 (q_norm/k_norm included) compiles into one graph, with opgym in it."""
+    import torch._dynamo
+
+    model = _tiny_qwen3()
+    handle = opgym.patch(model)
+    ids = _ids(n=9, batch=1)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = model(ids).logits
+        got = torch.compile(model, fullgraph=True, backend=backend)(ids).logits
+    assert len(graphs) == 1
+    assert graphs[0].count("torch.ops.opgym.rms_norm") == len(handle.patched)
+    assert torch.equal(got, eager)
+    handle.undo()
