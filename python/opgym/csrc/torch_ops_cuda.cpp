@@ -51,10 +51,10 @@ at::ScalarType check_common(const at::Tensor& x, const at::Tensor& weight, doubl
   const opgym::DType wd = to_opgym_dtype(weight.scalar_type(), "weight");
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.dim() <= opgym::kMaxRank, "opgym::rms_norm: x must have 1 to ", opgym::kMaxRank,
                     " dims, got ", x.dim());
-  TORCH_CHECK_VALUE(weight.dim() == 1, "opgym::rms_norm: weight must be 1-D of size ", x.size(-1),
-                    " (the last dim of x), got shape ", weight.sizes());
-  TORCH_CHECK_VALUE(weight.size(0) == x.size(-1), "opgym::rms_norm: weight must have shape [", x.size(-1),
-                    "] (the last dim of x), got ", weight.sizes());
+  TORCH_CHECK_VALUE(weight.dim() == 1, "opgym::rms_norm: weight must be 1-D of size ", x.sym_size(-1),
+                    " (the last dim of x), got shape ", weight.sym_sizes());
+  TORCH_SYM_CHECK(weight.sym_size(0).sym_eq(x.sym_size(-1)), "opgym::rms_norm: weight must have shape [", x.sym_size(-1),
+                  "] (the last dim of x), got ", weight.sym_sizes());
   TORCH_CHECK_VALUE(mode == "hf" || mode == "fp32", "opgym::rms_norm: mode must be 'hf' or 'fp32', got '", mode, "'");
   TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, "opgym::rms_norm: eps must be a finite number >= 0, got ", eps);
   return to_aten_dtype(opgym::rms_norm_out_dtype(xd, wd));

@@ -1,0 +1,131 @@
+"""The CUDA operators (python/opgym/csrc/torch_ops_cuda.cpp): bit-identical to the CPU operators,
+on torch's current stream, capturable in a CUDA graph and under torch.compile(mode="reduce-overhead").
+
+Skipped, with the reason, without a GPU or without opgym's CUDA operators. The precision suite
+(test_precision.py, test_ops.py) runs on the GPU with OPGYM_DEVICE=cuda.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import opgym
+
+
+def _why_skip() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device visible to torch"
+    if not opgym.available():
+        return f"opgym's operators are not built: {opgym.load_error()}"
+    if "cuda operators: yes" not in opgym.build_info():
+        return "opgym was built without CUDA operators"
+    return None
+
+
+WHY = _why_skip()
+pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")
+
+ops = torch.ops.opgym
+bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32).cpu()
+
+
+def inputs(shape, xd, wd, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g).to(xd)
+    w = torch.randn(shape[-1], generator=g).to(wd)
+    return x, w
+
+
+# warp per row (128, 769, 1280, 2048), block per row from shared memory (4100), a row larger than
+# shared memory (70001)
+@pytest.mark.parametrize("shape", [(1, 1, 2048), (1024, 1280), (3, 5, 128), (2, 7, 769), (2, 4100), (2, 70001)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("xd,wd", [(bf16, bf16), (f16, f16), (f32, f32), (bf16, f32), (f16, bf16)],
+                         ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("mode", ["hf", "fp32"])
+def test_cuda_is_bit_identical_to_cpu(shape, xd, wd, mode):
+    x, w = inputs(shape, xd, wd)
+    want = ops.rms_norm(x, w, 1e-6, mode, False)
+    got = ops.rms_norm(x.cuda(), w.cuda(), 1e-6, mode, False)
+    assert got.device.type == "cuda" and got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(bits(got), bits(want))
+
+
+def test_strided_out_inplace_and_offset():
+    x, _ = inputs((6, 2 * 2048), bf16, bf16, seed=1)
+    _, w = inputs((2048,), bf16, bf16, seed=1)
+    xs = x[:, 1:2049]  # row stride 4096, one element in: misaligned rows
+    want = ops.rms_norm(xs, w, 1e-5, "hf", True)
+    xc, wc = x.cuda(), w.cuda()
+    got = ops.rms_norm(xc[:, 1:2049], wc, 1e-5, "hf", True)
+    assert torch.equal(bits(got), bits(want))
+    out = torch.full((6, 2048), float("nan"), dtype=bf16, device="cuda")
+    assert ops.rms_norm_out(xc[:, 1:2049], wc, 1e-5, "hf", True, out=out) is out
+    assert torch.equal(bits(out), bits(want))
+    view = xc[:, 1:2049]
+    ops.rms_norm_(view, wc, 1e-5, "hf", True)
+    assert torch.equal(bits(xc[:, 1:2049]), bits(want))
+    assert torch.equal(bits(xc[:, 2049:]), bits(x[:, 2049:]))  # the rest of each row untouched
+
+
+def test_runs_on_the_current_stream():
+    x, w = inputs((64, 2048), bf16, bf16, seed=2)
+    want = ops.rms_norm(x, w, 1e-6, "hf", False)
+    xc, wc = x.cuda(), w.cuda()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out = torch.empty_like(xc)
+        for _ in range(20):  # queued behind each other on s only
+            ops.rms_norm_out(xc, wc, 1e-6, "hf", False, out=out)
+    s.synchronize()
+    assert torch.equal(bits(out), bits(want))
+
+
+def test_cuda_graph_capture_and_replay():
+    x, w = inputs((1, 1, 2048), bf16, bf16, seed=3)
+    x2, _ = inputs((1, 1, 2048), bf16, bf16, seed=4)
+    xc, wc = x.cuda(), w.cuda()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.rms_norm(xc, wc, 1e-6, "hf", False)  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = ops.rms_norm(xc, wc, 1e-6, "hf", False)  # allocates from the graph's pool
+    xc.copy_(x2.cuda())
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bits(y), bits(ops.rms_norm(x2, w, 1e-6, "hf", False)))
+
+
+def test_torch_compile_reduce_overhead():
+    x, w = inputs((3, 2048), bf16, bf16, seed=5)
+    xc, wc = x.cuda(), w.cuda()
+
+    def f(a, b):
+        return ops.rms_norm(a, b, 1e-6, "hf", False) + 1
+
+    cf = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):  # warm-up, recording, then replays of the CUDA graph
+        got = cf(xc, wc)
+    torch.cuda.synchronize()
+    assert torch.equal(bits(got), bits(f(xc, wc)))
+
+
+def test_errors_name_the_argument():
+    x, w = inputs((2, 64), bf16, bf16)
+    with pytest.raises(RuntimeError, match="every tensor must be on one device"):
+        ops.rms_norm(x.cuda(), w, 1e-6, "hf", False)
+    with pytest.raises((ValueError, RuntimeError), match=r"weight must have shape \[64\]"):
+        ops.rms_norm(x.cuda(), w[:32].cuda(), 1e-6, "hf", False)
+    with pytest.raises(ValueError, match="out overlaps x"):
+        xc = x.cuda()
+        ops.rms_norm_out(xc[:1], w.cuda(), 1e-6, "hf", False, out=xc.view(-1)[32:96].view(1, 64))
+    with pytest.raises(ValueError, match="in place needs an output dtype"):
+        ops.rms_norm_(x.cuda(), w.to(f32).cuda(), 1e-6, "hf", False)
