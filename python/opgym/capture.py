@@ -194,6 +194,8 @@ class Capture:
             f.write("\n")
         return data
 
+    write_cases = write  # the name the README uses
+
     def summary(self) -> str:
         lines = [f"{len(self.records)} RMSNorm calls over {len(self.steps)} forward steps "
                  f"({sum(1 for s in self.steps if s['phase'] == 'prefill')} prefill), "
