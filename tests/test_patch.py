@@ -58,6 +58,20 @@ def _tiny_llama(dtype=torch.bfloat16):
     return m.to(dtype)
 
 
+def _tiny_qwen2(dtype=torch.bfloat16):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    m = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    return m.to(dtype)
+
+
 def _ids(n=12, batch=2, vocab=512):
     return torch.randint(0, vocab, (batch, n), generator=torch.Generator().manual_seed(1))
 
@@ -109,7 +123,7 @@ def test_qwen2_5_vl_generate(qwen25vl):
     assert torch.equal(ref, got)
 
 
-@pytest.mark.parametrize("build", [_tiny_qwen3, _tiny_llama], ids=["qwen3", "llama"])
+@pytest.mark.parametrize("build", [_tiny_qwen3, _tiny_qwen2, _tiny_llama], ids=["qwen3", "qwen2", "llama"])
 def test_causal_lms(build):
     model = build()
     ids = _ids()
