@@ -76,7 +76,10 @@ def test_layer_contract():
     assert {"weight", "variance_epsilon"} <= set(RMSNorm.__annotations__)
     assert RMSNorm.can_torch_compile is True
     assert RMSNorm.has_backward is False
-    assert not torch._C._dispatch_has_kernel_for_dispatch_key("opgym::rms_norm", "Autograd")
+    # has_backward = False is the truth: backpropagating through the op raises
+    x = torch.randn(2, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match="has no backward"):
+        torch.ops.opgym.rms_norm(x, torch.ones(8), 1e-6).sum().backward()
     _validate_layer(check_cls=Qwen2_5_VLRMSNorm, cls=RMSNorm, repo=None)  # kernels' own checks
 
 

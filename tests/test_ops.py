@@ -202,6 +202,25 @@ def test_opcheck_inplace(i):
     torch.library.opcheck(torch.ops.opgym.rms_norm_.default, (x.clone(), w, 1e-6, "hf", False), test_utils=UTILS)
 
 
+def test_no_backward_is_explicit():
+    """The functional op joins the autograd graph and raises on backward (no silent missing grads);
+    without grad mode it is an ordinary tensor."""
+    x = torch.randn(3, 16, requires_grad=True)
+    w = torch.randn(16, requires_grad=True)
+    y = opgym.rms_norm(x, w)
+    assert y.requires_grad
+    assert torch.equal(y.detach(), opgym.rms_norm(x.detach(), w.detach()))
+    with pytest.raises(RuntimeError, match="opgym::rms_norm has no backward"):
+        y.sum().backward()
+    with torch.no_grad():
+        assert not opgym.rms_norm(x, w).requires_grad
+    with torch.inference_mode():
+        a, b = torch.randn(3, 16).bfloat16(), torch.randn(16).bfloat16()
+        assert torch.equal(opgym.rms_norm_(a.clone(), b), opgym.rms_norm(a, b))
+    torch.library.opcheck(torch.ops.opgym.rms_norm.default, (x, w, 1e-6),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
 def test_fake_and_meta():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

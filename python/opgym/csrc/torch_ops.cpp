@@ -7,12 +7,15 @@
 //   opgym::rms_norm_(Tensor(a!) x, Tensor weight, float eps, str norm_mode="hf", bool weight_offset=False) -> Tensor(a!)
 //
 // The output dtype is torch's promotion of (weight, x), as HF's `weight * h.to(x.dtype)` gives it; the
-// functional form returns a contiguous tensor of x's shape. No autograd formula is registered: the
-// ops are for inference (opgym.patch runs the module's own forward whenever a gradient is needed).
+// functional form returns a contiguous tensor of x's shape. There is no backward formula: the ops are
+// for inference. The functional op's Autograd kernel makes that explicit: its output is part of the
+// graph, and backpropagating through it raises (rather than torch's default of a warning and silently
+// missing gradients). opgym.patch runs the module's own forward whenever a gradient is needed.
 // Every bad argument raises a Python exception naming it (ValueError for values, RuntimeError for
 // devices); nothing aborts.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -177,6 +180,31 @@ at::Tensor& rms_norm_inplace_meta(at::Tensor& x, const at::Tensor& weight, doubl
   return x;
 }
 
+// ---- Autograd: no formula; backward raises a clear error ---------------------------------------
+
+class RmsNormNoBackward : public torch::autograd::Function<RmsNormNoBackward> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& x, const at::Tensor& weight,
+                            double eps, const std::string& mode, bool weight_offset) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("opgym::rms_norm", "")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool)>();
+    return op.call(x, weight, eps, mode, weight_offset);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
+                                                 torch::autograd::variable_list /*grads*/) {
+    TORCH_CHECK(false,
+                "opgym::rms_norm has no backward (an inference kernel); compute the norm with the module's own "
+                "forward where gradients are needed (opgym.patch does so by itself)");
+  }
+};
+
+at::Tensor rms_norm_autograd(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
+                             bool weight_offset) {
+  return RmsNormNoBackward::apply(x, weight, eps, std::string(mode.data(), mode.size()), weight_offset);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(opgym, m) {
@@ -197,6 +225,10 @@ TORCH_LIBRARY_IMPL(opgym, CPU, m) {
   m.impl("rms_norm", &rms_norm_cpu);
   m.impl("rms_norm_out", &rms_norm_out_cpu);
   m.impl("rms_norm_", &rms_norm_inplace_cpu);
+}
+
+TORCH_LIBRARY_IMPL(opgym, Autograd, m) {
+  m.impl("rms_norm", &rms_norm_autograd);
 }
 
 TORCH_LIBRARY_IMPL(opgym, Meta, m) {
