@@ -1,10 +1,11 @@
 """`opgym run`: the whole-network A/B of Qwen2.5-VL with and without opgym.
 
-One model, one set of inputs. First the baseline (HF's own modules, eager PyTorch), then the same
-model object patched by `opgym.patch` (and unpatched afterwards), each measured the same way:
+One model object, one set of inputs, two sides: the baseline (HF's own modules, eager PyTorch) and
+the same model patched by `opgym.patch` (undone whenever the baseline runs). Each side is measured
+the same way:
 
-    warm-up      `--warmup` x (one full-logits forward + one greedy generate); the first warm-up
-                 forward's logits are kept for the agreement check
+    warm-up      `--warmup` x (one full-logits forward, one prefill, one greedy generate); the first
+                 warm-up forward's logits (every position) are kept for the agreement check
     prefill      `--repeats` x one forward over the whole prompt (vision encoder + text, KV cache on,
                  logits for the last position only: what generate's first step does); median
     decode       `--repeats` x generate(do_sample=False, max_new_tokens = min_new_tokens = N);
@@ -13,8 +14,14 @@ model object patched by `opgym.patch` (and unpatched afterwards), each measured 
     profile      one more prefill under torch.profiler, with every RMSNorm module call wrapped in a
                  record_function range: RMSNorm time = the sum of those ranges (self + children),
                  share = that / the whole forward's range
-    memory       CPU: the process's peak resident set (VmHWM from /proc/self/status), reset through
-                 /proc/self/clear_refs before each side; CUDA: torch.cuda.max_memory_allocated
+    memory       CPU: the process's peak resident set (VmHWM from /proc/self/status, weights included),
+                 reset through /proc/self/clear_refs before each timed prefill+generate; the side's
+                 peak is the largest; CUDA: torch.cuda.max_memory_allocated
+    exactness    one prefill of the patched model in which each RMSNorm output is compared with HF's
+                 forward on the same input
+
+The timed rounds alternate the sides (baseline-opgym, opgym-baseline, ...) so that both see the same
+machine; under --compile the sides run one after the other instead.
 
 Bad input (a missing or malformed --model, an image that cannot be read, a checkpoint that is not
 Qwen2.5-VL, cuda without CUDA) ends with one line naming the problem and exit code 2.
@@ -362,6 +369,8 @@ def _opgym():
 def _counts(opgym, handle) -> dict | None:
     """fused/fallback call counts from whatever the package exposes (handle or module level)."""
     for src in (handle, opgym):
+        if src is None:
+            continue
         for name in ("stats", "counts", "call_counts"):
             obj = getattr(src, name, None)
             if obj is None:
@@ -403,74 +412,100 @@ def _reset_counts(opgym, handle) -> None:
 
 
 # ----------------------------------------------------------------------------------------- one side
-def _measure_side(name, model, inputs, args, device, progress) -> dict:
+class _Side:
+    """One side of the A/B and what was measured on it. `on()` / `off()` put the shared model into
+    this side's state (opgym: patch / undo; --compile: compile / drop the compiled forward)."""
+
+    def __init__(self, name, on, off):
+        self.name, self._on, self._off = name, on, off
+        self.logits = None
+        self.prefill_ms, self.rates, self.totals, self.ttfts, self.peaks = [], [], [], [], []
+        self.tokens = None
+        self.profile = {}
+
+    def on(self):
+        self._on()
+
+    def off(self):
+        self._off()
+
+
+class _Switch:
+    """Keeps the model in one side's state, switching only when another side is asked for."""
+
+    def __init__(self):
+        self.current = None
+
+    def to(self, side):
+        if self.current is side:
+            return
+        if self.current is not None:
+            cur, self.current = self.current, None
+            cur.off()
+        if side is not None:
+            side.on()
+            self.current = side
+
+
+def _measure(model, inputs, args, device, progress, base, opt, mem) -> None:
+    """Warm-up, timed prefill and generate, profile, for both sides.
+
+    Eager mode interleaves the sides: round r runs baseline then opgym (r even) or opgym then baseline
+    (r odd), one prefill and one generate each, so that both see the same machine (other processes,
+    thermal state, allocator) and switching is one patch/undo (milliseconds). Under --compile the
+    sides run one after the other (switching would recompile)."""
     import torch
 
     sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
     n_new = args.max_new_tokens
     gen_kwargs = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, num_beams=1)
-    mem = PeakMemory(device)
-    out = {}
+    sw = _Switch()
 
     def prefill():
         return model(**inputs, use_cache=True, logits_to_keep=1)
 
-    logits = None
-    with torch.inference_mode():
-        for i in range(args.warmup):
-            progress.step(f"{name}: warm-up {i + 1}/{args.warmup} (full-logits forward + generate)")
-            o = model(**inputs, use_cache=False)
-            if logits is None:
-                logits = _Stash(o.logits)
-            del o
-            prefill()  # the timed call itself (under --compile, its own graph)
-            model.generate(**inputs, **gen_kwargs)
-            progress.done()
+    def warmup(side, i):
+        progress.step(f"{side.name}: warm-up {i + 1}/{args.warmup} (full-logits forward, prefill, generate)")
+        o = model(**inputs, use_cache=False)
+        if side.logits is None:
+            side.logits = _Stash(o.logits)  # compared in `agreement`; kept on disk meanwhile
+        del o
+        prefill()  # the timed call itself (under --compile, its own graph)
+        model.generate(**inputs, **gen_kwargs)
+        progress.done()
 
-        mem.reset()  # peak memory over the timed prefill and generate runs (not warm-up, not profiling)
-        times = []
-        for i in range(args.repeats):
-            progress.step(f"{name}: prefill {i + 1}/{args.repeats}")
-            sync()
-            t = time.perf_counter()
-            o = prefill()
-            sync()
-            times.append((time.perf_counter() - t) * 1e3)
-            del o
-            progress.done()
-        out["prefill_ms"] = _median(times)
-        out["prefill_ms_runs"] = times
+    def timed(side, r):
+        mem.reset()
+        progress.step(f"{side.name}: prefill {r + 1}/{args.repeats}")
+        sync()
+        t = time.perf_counter()
+        o = prefill()
+        sync()
+        side.prefill_ms.append((time.perf_counter() - t) * 1e3)
+        del o
+        progress.done()
+        progress.step(f"{side.name}: generate {n_new} greedy tokens {r + 1}/{args.repeats}")
+        st = _TokenTimes(sync)
+        sync()
+        t = time.perf_counter()
+        seq = model.generate(**inputs, **gen_kwargs, streamer=st)
+        sync()
+        side.totals.append(time.perf_counter() - t)
+        new = seq[0, inputs["input_ids"].shape[1]:].tolist()
+        if side.tokens is None:
+            side.tokens = new
+        elif new != side.tokens:
+            raise RuntimeError(f"{side.name}: greedy tokens differ between two runs of the same model")
+        ts = st.times  # [prompt, token 1, ..., token N]
+        if len(ts) >= 2:
+            side.ttfts.append((ts[1] - t) * 1e3)
+        if len(ts) >= 3 and ts[-1] > ts[1]:
+            side.rates.append((len(ts) - 2) / (ts[-1] - ts[1]))
+        side.peaks.append(mem.peak_mb())
+        progress.done()
 
-        rates, totals, ttfts, tokens = [], [], [], None
-        for i in range(args.repeats):
-            progress.step(f"{name}: generate {n_new} tokens {i + 1}/{args.repeats}")
-            st = _TokenTimes(sync)
-            sync()
-            t = time.perf_counter()
-            seq = model.generate(**inputs, **gen_kwargs, streamer=st)
-            sync()
-            totals.append(time.perf_counter() - t)
-            new = seq[0, inputs["input_ids"].shape[1]:].tolist()
-            if tokens is None:
-                tokens = new
-            elif new != tokens:
-                raise RuntimeError(f"{name}: greedy tokens differ between two runs of the same model")
-            ts = st.times  # [prompt, token 1, ..., token N]
-            if len(ts) >= 2:
-                ttfts.append((ts[1] - t) * 1e3)
-            if len(ts) >= 3 and ts[-1] > ts[1]:
-                rates.append((len(ts) - 2) / (ts[-1] - ts[1]))
-            progress.done()
-        out["decode_tokens_per_s"] = _median(rates)
-        out["decode_tokens_per_s_runs"] = rates
-        out["generate_s"] = _median(totals)
-        out["time_to_first_token_ms"] = _median(ttfts)
-        out["new_tokens"] = len(tokens)
-        out["tokens"] = tokens
-        out["peak_memory_mb"] = mem.peak_mb()
-        out["peak_memory_kind"] = mem.kind
-
-        progress.step(f"{name}: profiling one prefill (torch.profiler)")
+    def profiled(side):
+        progress.step(f"{side.name}: profiling one prefill (torch.profiler)")
         from torch.profiler import ProfilerActivity, profile, record_function
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
@@ -489,6 +524,7 @@ def _measure_side(name, model, inputs, args, device, progress) -> dict:
         fwd_us = ka[FWD_LABEL].cpu_time_total if FWD_LABEL in ka else None
         rms_us = ka[RMS_LABEL].cpu_time_total if RMS_LABEL in ka else 0.0
         op = ka.get("opgym::rms_norm")
+        out = side.profile
         out["opgym_op_ms"] = op.cpu_time_total / 1e3 if op is not None else None
         out["opgym_op_calls"] = op.count if op is not None else 0
         out["profiled_forward_ms"] = fwd_us / 1e3 if fwd_us else None
@@ -506,7 +542,49 @@ def _measure_side(name, model, inputs, args, device, progress) -> dict:
         out["rms_norm_calls_per_prefill"] = calls[0] if calls[0] or not args.compile else out["opgym_op_calls"]
         progress.done()
 
-    return out, logits
+    try:
+        with torch.inference_mode():
+            if args.compile:
+                for side in (base, opt):
+                    sw.to(side)
+                    for i in range(args.warmup):
+                        warmup(side, i)
+                    for r in range(args.repeats):
+                        timed(side, r)
+                    profiled(side)
+            else:
+                for side in (base, opt):
+                    sw.to(side)
+                    for i in range(args.warmup):
+                        warmup(side, i)
+                for r in range(args.repeats):
+                    for side in ((base, opt) if r % 2 == 0 else (opt, base)):
+                        sw.to(side)
+                        timed(side, r)
+                for side in (base, opt):
+                    sw.to(side)
+                    profiled(side)
+    finally:
+        sw.to(None)
+
+
+def _side_result(side, mem) -> dict:
+    out = {
+        "prefill_ms": _median(side.prefill_ms),
+        "prefill_ms_min": min(side.prefill_ms) if side.prefill_ms else None,
+        "prefill_ms_runs": side.prefill_ms,
+        "decode_tokens_per_s": _median(side.rates),
+        "decode_tokens_per_s_max": max(side.rates) if side.rates else None,
+        "decode_tokens_per_s_runs": side.rates,
+        "generate_s": _median(side.totals),
+        "generate_s_runs": side.totals,
+        "time_to_first_token_ms": _median(side.ttfts),
+        "new_tokens": len(side.tokens or []),
+        "peak_memory_mb": max(side.peaks) if side.peaks else None,
+        "peak_memory_kind": mem.kind,
+    }
+    out.update(side.profile)
+    return out
 
 
 def _rms_exactness(model, inputs, sync) -> dict:
@@ -635,7 +713,7 @@ def _main(args) -> int:
     opgym = _opgym()
     dtype = getattr(torch, args.dtype)
 
-    steps = 2 + 2 * (args.warmup + 2 * args.repeats + 1) + 3
+    steps = 2 + 2 * (args.warmup + 2 * args.repeats + 1) + 2
     progress = Progress(steps, enabled=not args.no_progress)
     try:
         return _run(args, M, opgym, ops, page, image, dtype, progress)
@@ -731,49 +809,63 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
         "build_s": build_s,
     })
 
-    if args.compile:
-        torch._dynamo.reset()
-        model.forward = torch.compile(model.forward, dynamic=True)
+    # --- the two sides on one model: the baseline as built/loaded; opgym = patched (undone after)
+    counts = {"fused": 0, "fallback": 0, "have": False}
+    state = {"handle": None, "patch_ms": None}
 
-    # --- baseline
-    base, base_logits = _measure_side("baseline", model, inputs, args, device, progress)
+    def compile_on():
+        if args.compile:
+            torch._dynamo.reset()
+            model.forward = torch.compile(model.forward, dynamic=True)
 
-    # --- opgym
-    progress.step(f"patching the model with opgym ({', '.join(ops)})")
-    if args.compile:
-        torch._dynamo.reset()
-        del model.forward  # back to the class's forward; the patched model is compiled afresh below
-    t = time.perf_counter()
-    try:
-        handle = opgym.patch(model, ops=ops)
-    except (ValueError, KeyError) as e:
-        raise UsageError(f"--ops {args.ops}: {e}") from None
-    patch_ms = (time.perf_counter() - t) * 1e3
-    if args.compile:
-        model.forward = torch.compile(model.forward, dynamic=True)
-    progress.done()
-    _reset_counts(opgym, handle)
-    before = _counts(opgym, handle)
-    try:
-        opt, opt_logits = _measure_side("opgym", model, inputs, args, device, progress)
-        after = _counts(opgym, handle)
-        if args.compile:  # the check needs the module calls, so it runs the patched model uncompiled
-            with contextlib.suppress(AttributeError):
-                del model.forward
-        progress.step("opgym: each RMSNorm output against HF's on the same input (one prefill)")
-        sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
-        exactness = _rms_exactness(model, inputs, sync)
-        progress.done()
-    finally:
+    def compile_off():
         if args.compile:
             with contextlib.suppress(AttributeError):
-                del model.forward
-        handle.undo()
-    opt["patch_ms"] = patch_ms
-    if after is not None:
-        b0 = before or {"fused": 0, "fallback": 0}
-        calls = {"fused": after["fused"] - b0["fused"], "fallback": after["fallback"] - b0["fallback"],
-                 "counted_over": "every opgym-side run: warm-up, timed prefill and generate, profiled prefill"
+                del model.forward  # back to the class's forward
+            torch._dynamo.reset()
+
+    def opt_on():
+        t0 = time.perf_counter()
+        try:
+            h = opgym.patch(model, ops=ops)
+        except (ValueError, KeyError) as e:
+            raise UsageError(f"--ops {args.ops}: {e}") from None
+        if state["patch_ms"] is None:
+            state["patch_ms"] = (time.perf_counter() - t0) * 1e3
+        _reset_counts(None, h)
+        state["handle"] = h
+        compile_on()
+
+    def opt_off():
+        h, state["handle"] = state["handle"], None
+        compile_off()
+        c = _counts(None, h)
+        if c is not None:
+            counts["fused"] += c["fused"]
+            counts["fallback"] += c["fallback"]
+            counts["have"] = True
+        h.undo()
+
+    base = _Side("baseline", compile_on, compile_off)
+    opt = _Side("opgym", opt_on, opt_off)
+    mem = PeakMemory(device)
+    _measure(model, inputs, args, device, progress, base, opt, mem)
+
+    progress.step("opgym: each RMSNorm output against HF's on the same input (one prefill, uncompiled)")
+    h = opgym.patch(model, ops=ops)
+    try:
+        sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
+        exactness = _rms_exactness(model, inputs, sync)
+    finally:
+        h.undo()
+    progress.done()
+
+    base_r, opt_r = _side_result(base, mem), _side_result(opt, mem)
+    opt_r["patch_ms"] = state["patch_ms"]
+    if counts["have"]:
+        calls = {"fused": counts["fused"], "fallback": counts["fallback"],
+                 "counted_over": "every opgym-side run: warm-up, timed prefill and generate, profiled prefill "
+                                 "(not the exactness check)"
                  + ("; under --compile the patched forward runs (and counts) only while dynamo traces a graph"
                     if args.compile else "")}
     else:
@@ -781,7 +873,7 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
     calls["rms_norm_modules"] = len(_rms_modules(model))
 
     progress.step("comparing outputs")
-    agreement = _agreement(base_logits.load(), opt_logits.load(), base["tokens"], opt["tokens"])
+    agreement = _agreement(base.logits.load(), opt.logits.load(), base.tokens, opt.tokens)
     agreement["rms_norm_outputs"] = exactness
     progress.done()
     progress.close()
@@ -791,8 +883,8 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
     report = {
         "config": config_out,
         "environment": env,
-        "baseline": {k: v for k, v in base.items() if k != "tokens"},
-        "opgym": {k: v for k, v in opt.items() if k != "tokens"},
+        "baseline": base_r,
+        "opgym": opt_r,
         "agreement": agreement,
         "calls": calls,
     }
@@ -842,7 +934,7 @@ def _print_report(r: dict) -> None:
             f"warm-up {cfg['warmup']}, medians of {cfg['repeats']}")
     c.print(f"  opgym {env.get('opgym')}, torch {env['torch']}, transformers {env['transformers']}; "
             f"{env['cpu']}, isa {env.get('isa') or 'unknown'}, {env['threads']} threads")
-    t = Table(title="baseline (HF eager) vs opgym")
+    t = Table(title="baseline (HF, " + ("torch.compile" if cfg["compile"] else "eager PyTorch") + f", attn {cfg['attn_implementation']}) vs opgym")
     t.add_column("metric")
     t.add_column("baseline", justify="right")
     t.add_column("opgym", justify="right")
