@@ -8,8 +8,9 @@
 //   mode fp32 - everything in fp32, one rounding at the end: y = round_to(out, (x32 * r) * w32).
 //   weight_offset (Gemma) uses (1 + w) in fp32 in place of w, in both modes.
 // The out dtype is torch's promotion of (weight dtype, x dtype). Rounding is round-to-nearest-even;
-// NaN stays NaN. The fp32 sum of squares uses one fixed order on every path (scalar, AVX2, AVX-512),
-// so every path gives the same bits; see kSumLanes.
+// NaN stays NaN. The fp32 sum of squares follows one order (SumOrder) on every CPU path (scalar,
+// AVX2, AVX-512), so every path gives the same bits; by default it is torch's own CPU order, so the
+// output equals HF eager's on the CPU bit for bit.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,6 +22,15 @@
 namespace opgym {
 
 enum class NormMode { hf, fp32 };
+
+// The order of the fp32 sum of squares: the one freedom the contract leaves.
+//   torch_cpu  torch's own CPU `sum` (cascade_sum in ATen's SumKernel.cpp, 8-float vectors, 4-way
+//              ILP, 4 cascade levels): with it the CPU output equals HF eager's bits on CPU.
+//   lanes64    element i into partial i mod 64, the 64 partials folded by halves: the CUDA kernels'
+//              order (a warp's lanes), offered on the CPU so the GPU can be checked bit for bit.
+//   automatic  torch_cpu on the CPU, lanes64 on CUDA.
+enum class SumOrder { automatic, torch_cpu, lanes64 };
+const char* sum_order_name(SumOrder o);
 const char* mode_name(NormMode m);
 NormMode parse_mode(std::string_view name);  // "hf" | "fp32"
 
@@ -28,11 +38,11 @@ struct RmsNormOptions {
   double eps = 1e-6;
   NormMode mode = NormMode::hf;
   bool weight_offset = false;  // Gemma: scale by (1 + weight)
+  SumOrder sum_order = SumOrder::automatic;
 };
 
-// The fixed summation order: element i of a row adds into partial sum (i mod kSumLanes), in order
-// of i; the kSumLanes partials are then folded by halves (p[j] += p[j + n], n = 32, 16, ..., 1).
-// 64 partials = four AVX-512 accumulators, enough independent add chains to hide the add latency.
+// SumOrder::lanes64: element i of a row adds into partial sum (i mod kSumLanes), in order of i; the
+// kSumLanes partials are then folded by halves (p[j] += p[j + n], n = 32, 16, ..., 1).
 constexpr int kSumLanes = 64;
 
 // Out dtype for a given (x, weight) pair, as torch promotes `weight * x.to(x.dtype)`.
@@ -69,7 +79,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
 
 namespace reference {
 // Golden (a): HF's eager sequence op by op with materialized fp32 intermediates
-// (cast, pow, mean, add, rsqrt, mul, cast, mul), summing in the kSumLanes order. Also the unfused
+// (cast, pow, mean, add, rsqrt, mul, cast, mul), summing in options.sum_order. Also the unfused
 // baseline for speed comparisons. Single-threaded, allocates. Supports both modes.
 void rms_norm_basic_ops(const TensorView& x, const TensorView& weight, const TensorView& out,
                         const RmsNormOptions& options = {});

@@ -92,5 +92,26 @@ struct Simd {
   }
 };
 
+// Torch's sum order works on "ILP rows" of four 8-float vectors (32 elements, natural order).
+struct Row32 {
+  __m256 v[4];
+  static Row32 zero() { const __m256 z = _mm256_setzero_ps(); return {{z, z, z, z}}; }
+  static Row32 add(const Row32& a, const Row32& b) {
+    Row32 r; for (int k = 0; k < 4; ++k) r.v[k] = _mm256_add_ps(a.v[k], b.v[k]); return r;
+  }
+  template <class T> static Row32 squares(const typename T::storage* p) {
+    Row32 r;
+    for (int k = 0; k < 4; ++k) {
+      __m256 x;
+      if constexpr (T::dtype == DType::float32) x = _mm256_loadu_ps(p + 8 * k);
+      else if constexpr (T::dtype == DType::float16) x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * k)));
+      else x = Simd::bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * k)));
+      r.v[k] = _mm256_mul_ps(x, x);
+    }
+    return r;
+  }
+  static void store(float* out, const Row32& r) { for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 8 * k, r.v[k]); }
+};
+
 }  // namespace
 }  // namespace opgym

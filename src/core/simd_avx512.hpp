@@ -220,6 +220,30 @@ struct Bf16Range {
   }
 };
 
+// Torch's sum order works on "ILP rows" of four 8-float vectors (32 elements, natural order); lane-wise
+// adds of two such vectors side by side in one zmm are the same adds.
+struct Row32 {
+  __m512 v[2];
+  static Row32 zero() { const __m512 z = _mm512_setzero_ps(); return {{z, z}}; }
+  static Row32 add(const Row32& a, const Row32& b) { return {{_mm512_add_ps(a.v[0], b.v[0]), _mm512_add_ps(a.v[1], b.v[1])}}; }
+  template <class T> static Row32 squares(const typename T::storage* p) {
+    Row32 r;
+    for (int k = 0; k < 2; ++k) {
+      __m512 x;
+      if constexpr (T::dtype == DType::float32) {
+        x = _mm512_loadu_ps(p + 16 * k);
+      } else {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k));
+        if constexpr (T::dtype == DType::float16) x = _mm512_cvtph_ps(h);
+        else x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      }
+      r.v[k] = _mm512_mul_ps(x, x);
+    }
+    return r;
+  }
+  static void store(float* out, const Row32& r) { _mm512_storeu_ps(out, r.v[0]); _mm512_storeu_ps(out + 16, r.v[1]); }
+};
+
 // Proves, per row, that AVX512-BF16's conversions are exact for it: with finite x (a finite sum of
 // squares) and finite weights there is no NaN, and with min|h| = bf16(fp32(min|x| * r)) >= 2^-126 and
 // min|h| * min|w| >= 2^-126 (smallest nonzero magnitudes; rounding is monotonic) no h or y is
@@ -239,8 +263,13 @@ struct Bf16Guard {
   }
   void begin_row() { min2 = _mm512_set1_epi16(-1); }
   void track(const uint16_t* x) {  // one group of 64: two ops per 32 elements
-    min2 = _mm512_min_epu16(min2, _mm512_slli_epi16(_mm512_loadu_si512(x), 1));
-    min2 = _mm512_min_epu16(min2, _mm512_slli_epi16(_mm512_loadu_si512(x + 32), 1));
+    track32(x);
+    track32(x + 32);
+  }
+  void track32(const uint16_t* x) { min2 = _mm512_min_epu16(min2, _mm512_slli_epi16(_mm512_loadu_si512(x), 1)); }
+  void track_partial(const uint16_t* x, int64_t n) {  // n <= 32; missing lanes read as zero (skipped)
+    const __m512i v = _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << n) - 1), x);
+    min2 = _mm512_min_epu16(min2, _mm512_slli_epi16(v, 1));
   }
   // Smallest nonzero |x| of the row. The cheap minimum counts zeros; only a row holding a zero is
   // scanned again (it is in L1) with zeros skipped.

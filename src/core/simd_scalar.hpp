@@ -35,5 +35,16 @@ struct Simd {
   }
 };
 
+// Torch's sum order works on "ILP rows" of four 8-float vectors (32 elements, natural order).
+struct Row32 {
+  float v[32];
+  static Row32 zero() { Row32 r; for (float& f : r.v) f = 0.0f; return r; }
+  static Row32 add(const Row32& a, const Row32& b) { Row32 r; for (int i = 0; i < 32; ++i) r.v[i] = a.v[i] + b.v[i]; return r; }
+  template <class T> static Row32 squares(const typename T::storage* p) {
+    Row32 r; for (int i = 0; i < 32; ++i) { const float x = T::to_f32(p[i]); r.v[i] = x * x; } return r;
+  }
+  static void store(float* out, const Row32& r) { for (int i = 0; i < 32; ++i) out[i] = r.v[i]; }
+};
+
 }  // namespace
 }  // namespace opgym

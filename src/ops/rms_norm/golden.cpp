@@ -7,7 +7,8 @@
 //   return self.weight * hidden_states.to(input_dtype)                        # cast, mul
 //
 // torch's CPU mean is sum then divide by the count; its rsqrt is 1 / sqrt; eps is added as fp32.
-// The sum runs in opgym's fixed order (kSumLanes), the one freedom against torch's own order.
+// The sum runs in options.sum_order: torch's own CPU order (default, below) or the 64-lane order.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -49,6 +50,61 @@ void check(const TensorView& x, const TensorView& w, const char* op) {
   if (w.rank != 1 || w.shape[0] != x.last_dim()) throw Error("weight", std::string(op) + ": weight must have shape [last dim of x]");
 }
 
+// torch's CPU sum over a contiguous fp32 row (ATen SumKernel.cpp: vectorized_inner_sum, row_sum,
+// multi_row_sum), vector width 8: see torch_order_sum in kernel_impl.hpp for the prose.
+float torch_cpu_sum(const float* v, int64_t n) {
+  constexpr int64_t W = 8;
+  if (n < W) {  // row_sum over scalars
+    float p[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < n / 4; ++i)
+      for (int k = 0; k < 4; ++k) p[k] += v[4 * i + k];
+    for (int64_t i = n / 4 * 4; i < n; ++i) p[0] += v[i];
+    return ((p[0] + p[1]) + p[2]) + p[3];
+  }
+  const int64_t vecs = n / W, rows = vecs / 4;
+  int64_t power = 0;
+  while ((int64_t{1} << power) < rows) ++power;
+  power = std::max<int64_t>(4, power / 4);
+  const int64_t step = int64_t{1} << power, mask = step - 1;
+  float acc[4][4][W] = {};  // [level][vector k of the ILP row][lane]
+  auto add_row = [&](int64_t r) {
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < W; ++l) acc[0][k][l] += v[(4 * r + k) * W + l];
+  };
+  int64_t i = 0;
+  while (i + step <= rows) {
+    for (int64_t j = 0; j < step; ++j, ++i) add_row(i);
+    for (int lev = 1; lev < 4; ++lev) {
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < W; ++l) {
+          acc[lev][k][l] += acc[lev - 1][k][l];
+          acc[lev - 1][k][l] = 0;
+        }
+      if ((i & (mask << (lev * power))) != 0) break;
+    }
+  }
+  for (; i < rows; ++i) add_row(i);
+  for (int lev = 1; lev < 4; ++lev)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < W; ++l) acc[0][k][l] += acc[lev][k][l];
+  for (int64_t u = rows * 4; u < vecs; ++u)
+    for (int l = 0; l < W; ++l) acc[0][0][l] += v[u * W + l];
+  for (int k = 1; k < 4; ++k)
+    for (int l = 0; l < W; ++l) acc[0][0][l] += acc[0][k][l];
+  float total = 0;
+  for (int64_t t = vecs * W; t < n; ++t) total += v[t];
+  for (int l = 0; l < W; ++l) total += acc[0][0][l];
+  return total;
+}
+
+float lanes64_sum(const float* v, int64_t n) {
+  float lanes[kSumLanes] = {};
+  for (int64_t i = 0; i < n; ++i) lanes[i % kSumLanes] += v[i];
+  for (int half = kSumLanes / 2; half >= 1; half /= 2)
+    for (int j = 0; j < half; ++j) lanes[j] += lanes[j + half];
+  return lanes[0];
+}
+
 }  // namespace
 
 void rms_norm_basic_ops(const TensorView& x, const TensorView& weight, const TensorView& out, const RmsNormOptions& opt) {
@@ -62,14 +118,11 @@ void rms_norm_basic_ops(const TensorView& x, const TensorView& weight, const Ten
   // pow: sq = x32 ** 2
   std::vector<float> sq(n);
   for (int64_t k = 0; k < n; ++k) sq[k] = x32[k] * x32[k];
-  // mean: sum over the last dim in the fixed order, then divide by the count
+  // mean: sum over the last dim (in options.sum_order), then divide by the count
   std::vector<float> var(rows);
   for (int64_t r = 0; r < rows; ++r) {
-    float lanes[kSumLanes] = {};
-    for (int64_t i = 0; i < dim; ++i) lanes[i % kSumLanes] += sq[r * dim + i];
-    for (int half = kSumLanes / 2; half >= 1; half /= 2)
-      for (int j = 0; j < half; ++j) lanes[j] += lanes[j + half];
-    var[r] = lanes[0] / static_cast<float>(dim);
+    const float sum = opt.sum_order == SumOrder::lanes64 ? lanes64_sum(&sq[r * dim], dim) : torch_cpu_sum(&sq[r * dim], dim);
+    var[r] = sum / static_cast<float>(dim);
   }
   // add: var + eps (eps rounded to fp32, as torch adds a Python float to an fp32 tensor)
   std::vector<float> var_eps(rows);

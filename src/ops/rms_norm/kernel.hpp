@@ -13,7 +13,8 @@ struct RmsNormJob {
   DType x_dtype{}, w_dtype{}, out_dtype{};
   NormMode mode = NormMode::hf;
   bool weight_offset = false;
-  bool native_bf16 = false;  // the CPU has AVX512-BF16 conversions (the AVX-512 path uses them)
+  bool native_bf16 = false;
+  bool torch_order = true;   // SumOrder::torch_cpu, else lanes64  // the CPU has AVX512-BF16 conversions (the AVX-512 path uses them)
   float eps = 0.f;           // already rounded to fp32, as torch adds it to an fp32 tensor
   int64_t dim = 0;
   // Row addressing: row r starts at x + offset(r) elements. When the leading dims collapse to one

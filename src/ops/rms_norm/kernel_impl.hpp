@@ -36,9 +36,69 @@ struct NoGuard {
   template <class P> void weight(const P*, int64_t, bool) {}
   void begin_row() {}
   template <class P> void track(const P*) {}
+  template <class P> void track32(const P*) {}
+  template <class P> void track_partial(const P*, int64_t) {}
   template <class P> float row_min(const P*, int64_t) const { return 0.0f; }
   bool fast(float, float, float, bool) const { return false; }
 };
+
+// Torch's CPU sum of x^2 over a row (ATen SumKernel.cpp, cascade_sum -> vectorized_inner_sum ->
+// row_sum -> multi_row_sum) with its 8-float vectors: ILP rows of four vectors (32 elements) go into
+// accumulator level 0; every `step` ILP rows level 0 is added into level 1 and cleared, and so on up
+// to 4 levels; the levels are then added into level 0, leftover whole vectors into its first vector,
+// its four vectors summed left to right; the scalar tail is summed from 0, then the 8 lanes are added
+// to it in order. A row shorter than one vector takes row_sum on scalars (4-way ILP).
+// (Written from the algorithm; checked against torch bit for bit by the pytest precision suite.)
+inline int64_t ceil_log2(int64_t n) {
+  int64_t r = 0;
+  while ((int64_t{1} << r) < n) ++r;
+  return r;
+}
+
+template <class TX, class Guard>
+float torch_order_sum(const typename TX::storage* x, int64_t dim, Guard& guard) {
+  auto sq = [&](int64_t i) { const float v = TX::to_f32(x[i]); return v * v; };
+  constexpr int64_t kW = 8;
+  if (dim < kW) {  // scalar row_sum: 4 partials over whole quads, the rest into partial 0
+    float p[4] = {0.f, 0.f, 0.f, 0.f};
+    const int64_t quads = dim / 4;
+    for (int64_t i = 0; i < quads; ++i)
+      for (int k = 0; k < 4; ++k) p[k] += sq(4 * i + k);
+    for (int64_t i = quads * 4; i < dim; ++i) p[0] += sq(i);
+    if constexpr (Guard::kActive) guard.track_partial(x, dim);
+    return ((p[0] + p[1]) + p[2]) + p[3];
+  }
+  const int64_t vecs = dim / kW, rows = vecs / 4;
+  const int64_t power = std::max<int64_t>(4, ceil_log2(rows) / 4), step = int64_t{1} << power, mask = step - 1;
+  Row32 acc[4] = {Row32::zero(), Row32::zero(), Row32::zero(), Row32::zero()};
+  int64_t i = 0;
+  auto add_row = [&](int64_t r) {
+    acc[0] = Row32::add(acc[0], Row32::template squares<TX>(x + 32 * r));
+    if constexpr (Guard::kActive) guard.track32(x + 32 * r);
+  };
+  while (i + step <= rows) {
+    for (int64_t j = 0; j < step; ++j, ++i) add_row(i);
+    for (int lev = 1; lev < 4; ++lev) {
+      acc[lev] = Row32::add(acc[lev], acc[lev - 1]);
+      acc[lev - 1] = Row32::zero();
+      if ((i & (mask << (lev * power))) != 0) break;
+    }
+  }
+  for (; i < rows; ++i) add_row(i);
+  for (int lev = 1; lev < 4; ++lev) acc[0] = Row32::add(acc[0], acc[lev]);
+  alignas(64) float ps[32];  // ps[8k + lane]: partial vector k
+  Row32::store(ps, acc[0]);
+  for (int64_t v = rows * 4; v < vecs; ++v)
+    for (int l = 0; l < kW; ++l) ps[l] += sq(kW * v + l);
+  for (int k = 1; k < 4; ++k)
+    for (int l = 0; l < kW; ++l) ps[l] += ps[kW * k + l];
+  float total = 0.f;
+  for (int64_t t = vecs * kW; t < dim; ++t) total += sq(t);
+  for (int l = 0; l < kW; ++l) total += ps[l];
+  if constexpr (Guard::kActive)
+    if (rows * 32 < dim) guard.track_partial(x + rows * 32, dim - rows * 32);
+  return total;
+}
 
 // S: the fast group ops; SExact: the exact ones (the same type unless a Guard is active).
 template <class S, class SExact, class Guard, class TX, class TW, class TO, bool kHf>
@@ -118,6 +178,11 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
       SO* out;
       row_ptrs(r0 + k, x, out);
       guard.begin_row();
+      if (job.torch_order) {
+        sums[k] = torch_order_sum<TX>(x, dim, guard);
+        xmin[k] = guard.row_min(x, dim);
+        continue;
+      }
       G acc = S::splat(0.0f);
       for (int64_t i = 0; i < body; i += kG) {
         const G v = S::template load<TX>(x + i);

@@ -15,6 +15,15 @@ namespace opgym {
 
 const char* mode_name(NormMode m) { return m == NormMode::hf ? "hf" : "fp32"; }
 
+const char* sum_order_name(SumOrder o) {
+  switch (o) {
+    case SumOrder::automatic: return "automatic";
+    case SumOrder::torch_cpu: return "torch_cpu";
+    case SumOrder::lanes64: return "lanes64";
+  }
+  return "?";
+}
+
 NormMode parse_mode(std::string_view n) {
   if (n == "hf") return NormMode::hf;
   if (n == "fp32") return NormMode::fp32;
@@ -177,6 +186,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
   job.weight_offset = opt.weight_offset;
   job.native_bf16 = plan.isa == CpuIsa::avx512 && detail::native_bf16_enabled();
   job.eps = static_cast<float>(opt.eps);
+  job.torch_order = opt.sum_order != SumOrder::lanes64;
   job.dim = dim;
   int64_t xs = 0, os = 0;
   job.collapse = leading_collapse(x, xs) && leading_collapse(out, os);

@@ -540,6 +540,9 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
                            dtype_name(weight.dtype) + " and x " + dtype_name(x.dtype) + "), got " + dtype_name(out.dtype));
   if (!std::isfinite(opt.eps) || opt.eps < 0)
     throw Error("eps", std::string(op) + ": eps must be a finite number >= 0, got " + std::to_string(opt.eps));
+  if (opt.sum_order == SumOrder::torch_cpu)
+    throw Error("sum_order", std::string(op) + ": sum_order torch_cpu is the CPU's order; CUDA sums in the lanes64 order "
+                             "(pass automatic or lanes64)");
   if (x.numel() == 0) return;  // zero rows (or a zero last dim): nothing to launch
   detail::check_no_self_overlap(out, "out", op);
   const bool in_place = detail::same_memory(x, out);

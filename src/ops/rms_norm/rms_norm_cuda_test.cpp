@@ -28,6 +28,12 @@ namespace {
 using cases::Buffer;
 using cases::TensorSpec;
 
+// The CPU reference in the GPU's sum order (the CPU's default is torch's own order).
+RmsNormOptions lanes64(RmsNormOptions o = {}) {
+  o.sum_order = SumOrder::lanes64;
+  return o;
+}
+
 const DType kDtypes[] = {DType::float32, DType::float16, DType::bfloat16};
 
 bool have_gpu(std::string* why) { return cuda::device_count(why) > 0; }
@@ -154,7 +160,7 @@ std::string compare_with_cpu(const std::vector<int64_t>& shape, DType xt, DType 
   cuda::rms_norm(x.device(), w.device(), o.device(), opt, stream);
   if (cudaStreamSynchronize(stream) != cudaSuccess) return std::string("cuda error: ") + cudaGetErrorString(cudaGetLastError());
   const auto got = o.download();
-  rms_norm(x.host(), w.host(), o.host(), opt);  // the CPU path (bit-identical to the basic-op golden)
+  rms_norm(x.host(), w.host(), o.host(), lanes64(opt));  // the CPU path in the GPU's sum order
   if (got == o.storage.bytes) return "";
   return first_difference(got, o.storage.bytes, ot);
 }
@@ -254,7 +260,7 @@ TEST(CudaRmsNorm, NanAndInfPropagateAsTorchsFormula) {
       cuda::rms_norm(x.device(), w.device(), out.device());
       CUDA_OK(cudaDeviceSynchronize());
       const auto got_bytes = out.download();
-      rms_norm(x.host(), w.host(), out.host());
+      rms_norm(x.host(), w.host(), out.host(), lanes64());
       Buffer got = out.storage;
       got.bytes = got_bytes;
       for (int64_t i = 0; i < 4 * dim; ++i) {
@@ -293,7 +299,7 @@ TEST(CudaRmsNorm, CapturedInACudaGraph) {
     for (int k = 0; k < 3; ++k) CUDA_OK(cudaGraphLaunch(exec, s));
     CUDA_OK(cudaStreamSynchronize(s));
     const auto got = out.download();
-    rms_norm(x.host(), w.host(), out.host());
+    rms_norm(x.host(), w.host(), out.host(), lanes64());
     EXPECT_EQ(got, out.storage.bytes) << first_difference(got, out.storage.bytes, DType::bfloat16);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -323,7 +329,7 @@ TEST(CudaRmsNorm, SixtyFourBitOffsets) {
     CUDA_OK(cudaMemcpy(r0.data(), base, dim * 2, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(r1.data(), base + stride, dim * 2, cudaMemcpyDeviceToHost));
     rms_norm(TensorView::contiguous(want.data(), DType::bfloat16, {dim}), w.host(),
-             TensorView::contiguous(want.data(), DType::bfloat16, {dim}));
+             TensorView::contiguous(want.data(), DType::bfloat16, {dim}), lanes64());
     EXPECT_EQ(r0, want);
     EXPECT_EQ(r1, want);
   }
@@ -470,6 +476,9 @@ TEST_F(CudaErrors, SameMessagesAsTheCpuFront) {
   expect_error(x.view(), w.view(), out.view(), "eps", "finite number >= 0", neg);
   neg.eps = NAN;
   expect_error(x.view(), w.view(), out.view(), "eps", "finite number >= 0", neg);
+  RmsNormOptions order;  // the CPU's torch order cannot be asked of the GPU
+  order.sum_order = SumOrder::torch_cpu;
+  expect_error(x.view(), w.view(), out.view(), "sum_order", "CPU's order", order);
 }
 
 TEST_F(CudaErrors, ElementMisalignedPointers) {
