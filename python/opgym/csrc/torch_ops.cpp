@@ -18,7 +18,10 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <vector>
 #include <exception>
 #include <string>
 
@@ -237,8 +240,45 @@ TORCH_LIBRARY_IMPL(opgym, Meta, m) {
   m.impl("rms_norm_", &rms_norm_inplace_meta);
 }
 
+namespace {
+// For `opgym bench`: the C++ API timed in a C++ loop (no dispatcher, no allocation), or the unfused
+// basic-op golden. Returns the median over `samples` of nanoseconds per call, each sample ~sample_ms.
+double bench_core(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view impl, int64_t samples,
+                  double sample_ms) {
+  TORCH_CHECK_VALUE(x.device().is_cpu() && weight.device().is_cpu(), "opgym::bench_core: CPU tensors only");
+  TORCH_CHECK_VALUE(impl == "fused" || impl == "basic_ops", "opgym::bench_core: impl must be fused or basic_ops");
+  TORCH_CHECK_VALUE(samples >= 1 && sample_ms > 0, "opgym::bench_core: samples >= 1 and sample_ms > 0");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::promote_types(weight.scalar_type(), x.scalar_type())));
+  const opgym::TensorView xv = view_of(xc), wv = view_of(weight), ov = view_of(out);
+  opgym::RmsNormOptions opt;
+  opt.eps = eps;
+  const bool fused = impl == "fused";
+  auto once = [&] {
+    if (fused) opgym::rms_norm(xv, wv, ov, opt, &aten_executor());
+    else opgym::reference::rms_norm_basic_ops(xv, wv, ov, opt);
+  };
+  using clock = std::chrono::steady_clock;
+  once();
+  auto t0 = clock::now();
+  int64_t calls = 0;
+  while (std::chrono::duration<double>(clock::now() - t0).count() < 0.005 || calls < 3) once(), ++calls;
+  const double per = std::chrono::duration<double>(clock::now() - t0).count() / static_cast<double>(calls);
+  const int64_t iters = std::max<int64_t>(1, static_cast<int64_t>(sample_ms * 1e-3 / std::max(per, 1e-9)));
+  std::vector<double> ns;
+  for (int64_t s = 0; s < samples; ++s) {
+    t0 = clock::now();
+    for (int64_t i = 0; i < iters; ++i) once();
+    ns.push_back(std::chrono::duration<double, std::nano>(clock::now() - t0).count() / static_cast<double>(iters));
+  }
+  std::nth_element(ns.begin(), ns.begin() + ns.size() / 2, ns.end());
+  return ns[ns.size() / 2];
+}
+}  // namespace
+
 // Lets Python ask what this build has, without a pybind module.
 TORCH_LIBRARY_FRAGMENT(opgym, m) {
+  m.def("bench_core(Tensor x, Tensor weight, float eps, str impl, int samples, float sample_ms) -> float", &bench_core);
   m.def("build_info() -> str", []() -> std::string {
     return std::string("opgym ") + opgym::kVersion + "; cpu isa " + opgym::isa_name(opgym::active_cpu_isa()) +
            "; cpu features: " + opgym::cpu_features() + "; cuda operators: " + (OPGYM_EXT_CUDA ? "yes" : "no");
