@@ -4,6 +4,8 @@ For every shape (the captured Qwen2.5-VL cases plus a size sweep) and thread cou
 
     copy            out.copy_(x): a plain copy of the same bytes (read + write) - the ceiling
     empty_like      torch.empty_like(x): the allocation + dispatch any functional op pays (decode floor)
+    empty_like_ops  torch.ops.aten.empty_like.default(x): the same through the torch.ops path opgym's
+                    operators take from Python (that path alone costs ~2 us more than the native binding)
     opgym           torch.ops.opgym.rms_norm (functional: allocates the output)
     opgym_out       torch.ops.opgym.rms_norm_out into a preallocated output
     opgym_cpp       the C++ API called directly in a loop (no dispatcher, no allocation)
@@ -34,7 +36,7 @@ DEFAULT_CASES = "cases/qwen2_5_vl_3b/rms_norm.json"  # relative to the repositor
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", default=str(DEFAULT_CASES), help="gym case file whose shapes are benchmarked")
     p.add_argument("--threads", default="1,all", help="thread counts, e.g. 1,all or 2 (default 1,all)")
-    p.add_argument("--impls", default="copy,empty_like,opgym,opgym_out,opgym_cpp,hf_eager,F.rms_norm,compile,basic_ops",
+    p.add_argument("--impls", default="copy,empty_like,empty_like_ops,opgym,opgym_out,opgym_cpp,hf_eager,F.rms_norm,compile,basic_ops",
                    help="comma-separated implementations to time")
     p.add_argument("--quick", action="store_true", help="captured shapes and a short sweep only")
     p.add_argument("--samples", type=int, default=5)
@@ -106,6 +108,7 @@ def run_bench(args) -> list[dict]:
             fns = {
                 "copy": lambda: out.copy_(x),
                 "empty_like": lambda: torch.empty_like(x),
+                "empty_like_ops": lambda: torch.ops.aten.empty_like.default(x),
                 "opgym": lambda: torch.ops.opgym.rms_norm(x, w, 1e-6),
                 "opgym_out": lambda: torch.ops.opgym.rms_norm_out(x, w, 1e-6, out=out),
                 "hf_eager": lambda: mod(x),
@@ -136,7 +139,7 @@ def run_bench(args) -> list[dict]:
                     row[name + "_gbs"] = nbytes / secs / 1e9
             if "copy_us" in row:
                 for name in impls:
-                    if name + "_us" in row and name != "empty_like":
+                    if name + "_us" in row and not name.startswith("empty_like"):
                         row[name + "_pct_copy"] = 100.0 * row["copy_us"] / row[name + "_us"]
             for ref in ("hf_eager", "F.rms_norm", "compile"):
                 if ref + "_us" in row and "opgym_us" in row:

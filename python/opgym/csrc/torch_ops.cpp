@@ -205,6 +205,15 @@ class RmsNormNoBackward : public torch::autograd::Function<RmsNormNoBackward> {
 
 at::Tensor rms_norm_autograd(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                              bool weight_offset) {
+  // Inference (no_grad, or nothing requires grad): skip building an autograd node, which costs about
+  // as much as the whole decode-sized kernel.
+  if (!at::GradMode::is_enabled() || (!x.requires_grad() && !weight.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("opgym::rms_norm", "")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool)>();
+    return op.call(x, weight, eps, mode, weight_offset);
+  }
   return RmsNormNoBackward::apply(x, weight, eps, std::string(mode.data(), mode.size()), weight_offset);
 }
 
