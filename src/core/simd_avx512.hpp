@@ -252,7 +252,6 @@ struct Bf16Guard {
   static constexpr bool kActive = true;
   bool weight_ok = false;
   float w_min = 0;
-  __m512i min2 = _mm512_set1_epi16(-1);  // min over |x| << 1 (zeros included: see row_min)
   void weight(const uint16_t* w, int64_t dim, bool offset) {
     Bf16Range r;
     int64_t i = 0;
@@ -261,27 +260,26 @@ struct Bf16Guard {
     weight_ok = !offset && r.all_finite();
     w_min = r.min_nonzero();
   }
-  void begin_row() { min2 = _mm512_set1_epi16(-1); }
-  void track(const uint16_t* x) {  // one group of 64: two ops per 32 elements
-    track32(x);
-    track32(x + 32);
-  }
-  void track32(const uint16_t* x) { min2 = _mm512_min_epu16(min2, _mm512_slli_epi16(_mm512_loadu_si512(x), 1)); }
-  void track_partial(const uint16_t* x, int64_t n) {  // n <= 32; missing lanes read as zero (skipped)
-    const __m512i v = _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << n) - 1), x);
-    min2 = _mm512_min_epu16(min2, _mm512_slli_epi16(v, 1));
-  }
-  // Smallest nonzero |x| of the row. The cheap minimum counts zeros; only a row holding a zero is
-  // scanned again (it is in L1) with zeros skipped.
-  float row_min(const uint16_t* x, int64_t dim) const {
-    const uint16_t m = Bf16Range::reduce_min(min2);
-    if (m != 0) return bf16_to_f32(static_cast<uint16_t>(m >> 1));
-    Bf16Range r;
-    int64_t i = 0;
-    for (; i + 32 <= dim; i += 32) r.add(_mm512_loadu_si512(x + i));
-    if (i < dim) r.add(_mm512_maskz_loadu_epi16((__mmask32)((1ull << (dim - i)) - 1), x + i));
-    return r.min_nonzero();
-  }
+  // Per-row state: the minimum of |x| << 1 over the row (zeros included: see min_nonzero).
+  struct Row {
+    __m512i min2 = _mm512_set1_epi16(-1);
+    void track32(const uint16_t* x) { min2 = _mm512_min_epu16(min2, _mm512_slli_epi16(_mm512_loadu_si512(x), 1)); }
+    void track(const uint16_t* x) { track32(x), track32(x + 32); }  // a group of 64
+    void track_partial(const uint16_t* x, int64_t n) {  // n <= 32; missing lanes read as zero (skipped)
+      min2 = _mm512_min_epu16(min2, _mm512_slli_epi16(_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << n) - 1), x), 1));
+    }
+    // Smallest nonzero |x| of the row. The cheap minimum counts zeros; only a row holding a zero is
+    // scanned again (it is in L1) with zeros skipped.
+    float min_nonzero(const uint16_t* x, int64_t dim) const {
+      const uint16_t m = Bf16Range::reduce_min(min2);
+      if (m != 0) return bf16_to_f32(static_cast<uint16_t>(m >> 1));
+      Bf16Range r;
+      int64_t i = 0;
+      for (; i + 32 <= dim; i += 32) r.add(_mm512_loadu_si512(x + i));
+      if (i < dim) r.add(_mm512_maskz_loadu_epi16((__mmask32)((1ull << (dim - i)) - 1), x + i));
+      return r.min_nonzero();
+    }
+  };
   bool fast(float sum, float rinv, float xmin, bool hf) const {
     if (!weight_ok || !(sum <= 3.4e38f) || !(rinv <= 3.4e38f)) return false;
     if (xmin == 0.0f || w_min == 0.0f) return true;  // all-zero x or w: products are exact zeros

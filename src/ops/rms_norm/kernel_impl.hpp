@@ -34,11 +34,12 @@ constexpr int64_t kPrefetchRowBytes = 8 * 1024;  // rows at least this long pref
 struct NoGuard {
   static constexpr bool kActive = false;
   template <class P> void weight(const P*, int64_t, bool) {}
-  void begin_row() {}
-  template <class P> void track(const P*) {}
-  template <class P> void track32(const P*) {}
-  template <class P> void track_partial(const P*, int64_t) {}
-  template <class P> float row_min(const P*, int64_t) const { return 0.0f; }
+  struct Row {
+    template <class P> void track(const P*) {}
+    template <class P> void track32(const P*) {}
+    template <class P> void track_partial(const P*, int64_t) {}
+    template <class P> float min_nonzero(const P*, int64_t) const { return 0.0f; }
+  };
   bool fast(float, float, float, bool) const { return false; }
 };
 
@@ -55,49 +56,61 @@ inline int64_t ceil_log2(int64_t n) {
   return r;
 }
 
-template <class TX, class Guard>
-float torch_order_sum(const typename TX::storage* x, int64_t dim, Guard& guard) {
-  auto sq = [&](int64_t i) { const float v = TX::to_f32(x[i]); return v * v; };
+// R rows of equal length at once: each row's adds stay in its own order, and the rows' independent
+// add chains fill the pipeline (one row alone has only two 16-lane chains on AVX-512).
+template <class TX, int R, class Track>
+void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* track, float* sums) {
   constexpr int64_t kW = 8;
+  auto sq = [&](int r, int64_t i) { const float v = TX::to_f32(x[r][i]); return v * v; };
   if (dim < kW) {  // scalar row_sum: 4 partials over whole quads, the rest into partial 0
-    float p[4] = {0.f, 0.f, 0.f, 0.f};
-    const int64_t quads = dim / 4;
-    for (int64_t i = 0; i < quads; ++i)
-      for (int k = 0; k < 4; ++k) p[k] += sq(4 * i + k);
-    for (int64_t i = quads * 4; i < dim; ++i) p[0] += sq(i);
-    if constexpr (Guard::kActive) guard.track_partial(x, dim);
-    return ((p[0] + p[1]) + p[2]) + p[3];
+    for (int r = 0; r < R; ++r) {
+      float p[4] = {0.f, 0.f, 0.f, 0.f};
+      const int64_t quads = dim / 4;
+      for (int64_t i = 0; i < quads; ++i)
+        for (int k = 0; k < 4; ++k) p[k] += sq(r, 4 * i + k);
+      for (int64_t i = quads * 4; i < dim; ++i) p[0] += sq(r, i);
+      track[r].track_partial(x[r], dim);
+      sums[r] = ((p[0] + p[1]) + p[2]) + p[3];
+    }
+    return;
   }
   const int64_t vecs = dim / kW, rows = vecs / 4;
   const int64_t power = std::max<int64_t>(4, ceil_log2(rows) / 4), step = int64_t{1} << power, mask = step - 1;
-  Row32 acc[4] = {Row32::zero(), Row32::zero(), Row32::zero(), Row32::zero()};
-  int64_t i = 0;
-  auto add_row = [&](int64_t r) {
-    acc[0] = Row32::add(acc[0], Row32::template squares<TX>(x + 32 * r));
-    if constexpr (Guard::kActive) guard.track32(x + 32 * r);
+  Row32 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < 4; ++l) acc[r][l] = Row32::zero();
+  auto add_row = [&](int64_t i) {
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] = Row32::add(acc[r][0], Row32::template squares<TX>(x[r] + 32 * i));
+      track[r].track32(x[r] + 32 * i);
+    }
   };
+  int64_t i = 0;
   while (i + step <= rows) {
     for (int64_t j = 0; j < step; ++j, ++i) add_row(i);
     for (int lev = 1; lev < 4; ++lev) {
-      acc[lev] = Row32::add(acc[lev], acc[lev - 1]);
-      acc[lev - 1] = Row32::zero();
+      for (int r = 0; r < R; ++r) {
+        acc[r][lev] = Row32::add(acc[r][lev], acc[r][lev - 1]);
+        acc[r][lev - 1] = Row32::zero();
+      }
       if ((i & (mask << (lev * power))) != 0) break;
     }
   }
   for (; i < rows; ++i) add_row(i);
-  for (int lev = 1; lev < 4; ++lev) acc[0] = Row32::add(acc[0], acc[lev]);
-  alignas(64) float ps[32];  // ps[8k + lane]: partial vector k
-  Row32::store(ps, acc[0]);
-  for (int64_t v = rows * 4; v < vecs; ++v)
-    for (int l = 0; l < kW; ++l) ps[l] += sq(kW * v + l);
-  for (int k = 1; k < 4; ++k)
-    for (int l = 0; l < kW; ++l) ps[l] += ps[kW * k + l];
-  float total = 0.f;
-  for (int64_t t = vecs * kW; t < dim; ++t) total += sq(t);
-  for (int l = 0; l < kW; ++l) total += ps[l];
-  if constexpr (Guard::kActive)
-    if (rows * 32 < dim) guard.track_partial(x + rows * 32, dim - rows * 32);
-  return total;
+  for (int r = 0; r < R; ++r) {
+    for (int lev = 1; lev < 4; ++lev) acc[r][0] = Row32::add(acc[r][0], acc[r][lev]);
+    alignas(64) float ps[32];  // ps[8k + lane]: partial vector k
+    Row32::store(ps, acc[r][0]);
+    for (int64_t v = rows * 4; v < vecs; ++v)
+      for (int l = 0; l < kW; ++l) ps[l] += sq(r, kW * v + l);
+    for (int k = 1; k < 4; ++k)
+      for (int l = 0; l < kW; ++l) ps[l] += ps[kW * k + l];
+    float total = 0.f;
+    for (int64_t t = vecs * kW; t < dim; ++t) total += sq(r, t);
+    for (int l = 0; l < kW; ++l) total += ps[l];
+    if (rows * 32 < dim) track[r].track_partial(x[r] + rows * 32, dim - rows * 32);
+    sums[r] = total;
+  }
 }
 
 // S: the fast group ops; SExact: the exact ones (the same type unless a Guard is active).
@@ -133,7 +146,7 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
     if (tail) S::store_raw(wbuf + body, weight_group(wt));
   }
   Guard guard;
-  if constexpr (Guard::kActive) guard.weight(w, dim, offset);
+  guard.weight(w, dim, offset);
 
   auto row_ptrs = [&](int64_t r, const SX*& x, SO*& out) {
     int64_t xo, oo;
@@ -173,40 +186,42 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
   float sums[kRowBatch], rinv[kRowBatch], xmin[kRowBatch];
   for (int64_t r0 = begin; r0 < end; r0 += batch) {
     const int n = static_cast<int>(std::min<int64_t>(batch, end - r0));
-    for (int k = 0; k < n; ++k) {  // pass 1: sums of squares
-      const SX* x;
-      SO* out;
-      row_ptrs(r0 + k, x, out);
-      guard.begin_row();
-      if (job.torch_order) {
-        sums[k] = torch_order_sum<TX>(x, dim, guard);
-        xmin[k] = guard.row_min(x, dim);
-        continue;
+    // pass 1: sums of squares
+    typename Guard::Row track[kRowBatch];
+    const SX* xs[kRowBatch];
+    SO* outs[kRowBatch];
+    for (int k = 0; k < n; ++k) row_ptrs(r0 + k, xs[k], outs[k]);
+    if (job.torch_order) {
+      int k = 0;
+      for (; k + 2 <= n; k += 2) torch_order_sum<TX, 2>(xs + k, dim, track + k, sums + k);
+      if (k < n) torch_order_sum<TX, 1>(xs + k, dim, track + k, sums + k);
+    } else {
+      for (int k = 0; k < n; ++k) {
+        const SX* x = xs[k];
+        G acc = S::splat(0.0f);
+        for (int64_t i = 0; i < body; i += kG) {
+          const G v = S::template load<TX>(x + i);
+          acc = S::add(acc, S::mul(v, v));
+          track[k].track(x + i);
+        }
+        if (tail) {
+          load_tail(x);
+          const G v = S::template load<TX>(xt);
+          acc = S::add(acc, S::mul(v, v));
+          track[k].track(xt);
+        }
+        sums[k] = S::fold(acc);
       }
-      G acc = S::splat(0.0f);
-      for (int64_t i = 0; i < body; i += kG) {
-        const G v = S::template load<TX>(x + i);
-        acc = S::add(acc, S::mul(v, v));
-        if constexpr (Guard::kActive) guard.track(x + i);
-      }
-      if (tail) {
-        load_tail(x);
-        const G v = S::template load<TX>(xt);
-        acc = S::add(acc, S::mul(v, v));
-        if constexpr (Guard::kActive) guard.track(xt);
-      }
-      sums[k] = S::fold(acc);
-      xmin[k] = guard.row_min(x, dim);
     }
+    for (int k = 0; k < n; ++k) xmin[k] = track[k].min_nonzero(xs[k], dim);
     for (int k = 0; k < n; ++k) rinv[k] = 1.0f / std::sqrt(sums[k] / static_cast<float>(dim) + job.eps);
     for (int k = 0; k < n; ++k) {  // pass 2: scale, round, store
-      const SX* x;
-      SO* out;
-      row_ptrs(r0 + k, x, out);
-      const SX* next = nullptr;
-      if (prefetch && r0 + k + 1 < end) {
+      const SX* x = xs[k];
+      SO* out = outs[k];
+      const SX* next = nullptr;  // the row at this position in the next batch
+      if (prefetch && r0 + n + k < end) {
         SO* unused;
-        row_ptrs(r0 + k + 1, next, unused);
+        row_ptrs(r0 + n + k, next, unused);
       }
       if constexpr (Guard::kActive) {
         if (guard.fast(sums[k], rinv[k], xmin[k], kHf)) {
