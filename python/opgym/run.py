@@ -51,6 +51,7 @@ DEFAULT_MAX_NEW_TOKENS = 16
 DEFAULT_PAGE = (448, 448)
 DEFAULT_WARMUP = 1
 DEFAULT_REPEATS = 3
+DEFAULT_THREADS = 1
 
 RMS_LABEL = "opgym_run::rms_norm"
 FWD_LABEL = "opgym_run::forward"
@@ -99,7 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--compile", action="store_true", help="run both sides under torch.compile")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     g.add_argument("--ops", default="rms_norm", help="fused ops to apply, comma-separated (default %(default)s)")
-    g.add_argument("--threads", type=int, default=None, metavar="N", help="torch intra-op threads (default: torch's)")
+    g.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="N",
+                   help="torch intra-op threads (default %(default)s; 0 = torch's default, one per core). One thread "
+                        "because on a shared 2-vCPU machine two-thread runs swing several-fold with the neighbours' "
+                        "load (see docs/RUN.md); every thread count compares the same way")
     g.add_argument("--report", metavar="FILE", help="write the full report as JSON")
     g.add_argument("--no-progress", action="store_true", help="no progress display")
     g.add_argument("--testing-tiny", action="store_true", help=argparse.SUPPRESS)
@@ -708,6 +712,8 @@ def _main(args) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: this torch has no CUDA device available")
+    if args.threads < 0:
+        raise UsageError("--threads must be >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
     opgym = _opgym()
