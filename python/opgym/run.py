@@ -264,30 +264,51 @@ def _rms_modules(model):
     return [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
 
 
+PARTS = (("vision encoder", ("model", "visual")), ("text decoder", ("model", "language_model")),
+         ("lm_head", ("lm_head",)))
+
+
+def _part_label(name):
+    return f"opgym_run::part::{name}"
+
+
 @contextlib.contextmanager
 def _rms_ranges(model, sync):
-    """Wraps every RMSNorm module call in a record_function range (and counts the calls).
+    """Wraps every RMSNorm module call in a record_function range (and counts the calls), and the
+    model's big parts (vision encoder, text decoder, LM head) in ranges of their own.
 
     Whatever runs inside the module's forward is inside the range: HF's eight aten ops for the
     baseline; the patched forward and opgym's operator for the opgym side."""
     from torch.autograd.profiler import record_function
 
-    stack, counter, handles = [], [0], []
+    counter, handles = [0], []
 
-    def pre(module, args):
-        sync()
-        rf = record_function(RMS_LABEL)
-        rf.__enter__()
-        stack.append(rf)
+    def wrap(module, label, count):
+        stack = []
 
-    def post(module, args, output):
-        sync()
-        stack.pop().__exit__(None, None, None)
-        counter[0] += 1
+        def pre(m, args):
+            sync()
+            rf = record_function(label)
+            rf.__enter__()
+            stack.append(rf)
+
+        def post(m, args, output):
+            sync()
+            stack.pop().__exit__(None, None, None)
+            if count:
+                counter[0] += 1
+
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post))
 
     for m in _rms_modules(model):
-        handles.append(m.register_forward_pre_hook(pre))
-        handles.append(m.register_forward_hook(post))
+        wrap(m, RMS_LABEL, True)
+    for name, path in PARTS:
+        m = model
+        for attr in path:
+            m = getattr(m, attr, None)
+        if m is not None:
+            wrap(m, _part_label(name), False)
     try:
         yield counter
     finally:
@@ -524,8 +545,16 @@ def _measure(model, inputs, args, device, progress, base, opt, mem) -> None:
             finally:
                 with _quiet_stderr():
                     prof.__exit__(None, None, None)
-        ka = {e.key: e for e in prof.key_averages()}
+        events = prof.key_averages()
+        ka = {e.key: e for e in events}
         fwd_us = ka[FWD_LABEL].cpu_time_total if FWD_LABEL in ka else None
+        side.profile["profile_parts_ms"] = {
+            name: ka[_part_label(name)].cpu_time_total / 1e3 for name, _ in PARTS if _part_label(name) in ka}
+        top = sorted((e for e in events if not e.key.startswith("opgym_run::")),
+                     key=lambda e: e.self_cpu_time_total, reverse=True)[:10]
+        side.profile["profile_top_ops"] = [
+            {"op": e.key, "self_ms": e.self_cpu_time_total / 1e3, "calls": e.count,
+             "self_share": (e.self_cpu_time_total / fwd_us) if fwd_us else None} for e in top]
         rms_us = ka[RMS_LABEL].cpu_time_total if RMS_LABEL in ka else 0.0
         op = ka.get("opgym::rms_norm")
         out = side.profile
@@ -964,6 +993,23 @@ def _print_report(r: dict) -> None:
               f"{(os_ - bs) * 100:+.2f} pts" if bs is not None and os_ is not None else "n/a")
     t.add_row("RMSNorm calls per prefill", str(b["rms_norm_calls_per_prefill"]), str(o["rms_norm_calls_per_prefill"]), "")
     c.print(t)
+    bp, op_ = b.get("profile_parts_ms") or {}, o.get("profile_parts_ms") or {}
+    if bp:
+        w = Table(title="where one prefill's time goes (torch.profiler, ms; ranges nest: RMSNorm is inside the parts)")
+        w.add_column("part / op")
+        w.add_column("baseline", justify="right")
+        w.add_column("opgym", justify="right")
+        w.add_column("share (baseline)", justify="right")
+        fwd = b.get("profiled_forward_ms") or 0
+        for name, _ in PARTS:
+            if name in bp:
+                w.add_row(name, _fmt(bp[name]), _fmt(op_.get(name)), f"{bp[name] / fwd * 100:.1f} %" if fwd else "")
+        w.add_row("RMSNorm (all calls)", _fmt(b["rms_norm_ms"], 2), _fmt(o["rms_norm_ms"], 2),
+                  f"{b['rms_norm_ms'] / fwd * 100:.2f} %" if fwd and b["rms_norm_ms"] is not None else "")
+        for e in (b.get("profile_top_ops") or [])[:4]:
+            w.add_row(f"{e['op']} (self, {e['calls']} calls)", _fmt(e["self_ms"]), "",
+                      f"{e['self_ms'] / fwd * 100:.1f} %" if fwd else "")
+        c.print(w)
     a = Table(title="agreement (opgym vs baseline) and calls")
     a.add_column("check")
     a.add_column("value", justify="right")
