@@ -237,3 +237,37 @@ def test_unreadable_image(tmp_path, run_inproc):
 
 def test_missing_image(tmp_path, run_inproc):
     _assert_one_line_error(run_inproc(*TINY, "--image", str(tmp_path / "none.png")), "none.png")
+
+
+def _tiny_tokenizer(directory):
+    """A word-level tokenizer with Qwen2.5-VL's special tokens at their real ids, saved to directory
+    (no download: built from scratch with the tokenizers library)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = "read all the text on this page . you are a helpful assistant system user".split()
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    special = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|vision_start|>": 151652,
+               "<|vision_end|>": 151653, "<|image_pad|>": 151655, "<|video_pad|>": 151656}
+    vocab.update(special)
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", additional_special_tokens=list(special))
+    fast.save_pretrained(directory)
+
+
+def test_checkpoint_with_tokenizer_uses_it(saved_checkpoint, tmp_path):
+    """A checkpoint that ships a tokenizer: the prompt is tokenized around the image tokens."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved_checkpoint, ckpt)
+    _tiny_tokenizer(ckpt)
+    out = tmp_path / "r.json"
+    args = ["--page-size", "112x112", "--max-new-tokens", "4", "--repeats", "1", "--no-progress"]
+    r = opgym_run("--model", str(ckpt), *args, "--prompt", "read all the text on this page", "--report", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["config"]["text_input"].startswith("checkpoint tokenizer")
+    assert rep["config"]["image_tokens"] == 16
+    assert rep["agreement"]["tokens_identical"] is True
+    assert rep["calls"]["fused"] > 0 and rep["calls"]["fallback"] == 0

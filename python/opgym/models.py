@@ -318,6 +318,20 @@ def image_processor():
     return Qwen2VLImageProcessorPil()
 
 
+def checkpoint_image_processor(path):
+    """The checkpoint's own image-processor settings (preprocessor_config.json: min/max pixels etc.)
+    in the PIL Qwen2-VL image processor, or None when the directory has none or it does not load."""
+    p = Path(path)
+    if not (p / "preprocessor_config.json").is_file():
+        return None
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    try:
+        return Qwen2VLImageProcessorPil.from_pretrained(str(p), local_files_only=True)
+    except Exception:  # noqa: BLE001 - the defaults then
+        return None
+
+
 def _special_ids(config) -> dict:
     return {k: int(getattr(config, k)) for k in
             ("vision_start_token_id", "vision_end_token_id", "image_token_id")}

@@ -803,7 +803,9 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
     else:
         image_desc = str(Path(args.image).resolve())
     try:
-        inputs = M.make_inputs(config, image=image, prompt=args.prompt, processor=processor, seed=args.seed)
+        ip = M.checkpoint_image_processor(args.model) if args.model else None
+        inputs = M.make_inputs(config, image=image, prompt=args.prompt, processor=processor, seed=args.seed,
+                               image_proc=ip)
     except M.ModelLoadError as e:
         raise UsageError(str(e)) from None
     inputs = {k: v.to(device) for k, v in inputs.items()}
@@ -836,7 +838,8 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
         "vision_patches": int(inputs["pixel_values"].shape[0]),
         "prompt_tokens": int(inputs["input_ids"].shape[1]),
         "image_tokens": n_img,
-        "text_input": ("checkpoint processor/tokenizer, prompt: " + repr(args.prompt or M.DEFAULT_PROMPT)) if processor
+        "text_input": (f"checkpoint {'processor' if hasattr(processor, 'image_processor') else 'tokenizer'}, "
+                       f"prompt: {args.prompt or M.DEFAULT_PROMPT!r}") if processor
         else f"seeded token ids around the image tokens (seed {args.seed}); no tokenizer",
         "max_new_tokens": args.max_new_tokens,
         "warmup": args.warmup,
