@@ -746,6 +746,10 @@ def _main(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     opgym = _opgym()
+    supported = getattr(sys.modules.get("opgym.patch"), "SUPPORTED_OPS", None)
+    unknown = [o for o in ops if supported is not None and o not in supported]
+    if unknown:
+        raise UsageError(f"--ops: unknown op(s) {', '.join(unknown)}; this opgym supports {', '.join(supported)}")
     dtype = getattr(torch, args.dtype)
 
     steps = 2 + 2 * (args.warmup + 2 * args.repeats + 1) + 2
