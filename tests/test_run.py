@@ -85,14 +85,15 @@ def test_outputs_agree(tiny_report):
     """Each RMSNorm output within 2 bf16 ulps of HF's on the same input (and almost all identical);
     greedy tokens identical; prefill logits within 4 bf16 ulps of the largest logit.
 
-    Why those bounds: opgym's RMSNorm (mode hf) is HF's formula rounding for rounding, except that the
-    fp32 sum of squares is added in another fixed order. Where that order moves the fp32 variance by
-    an ulp and the rounding of h = bf16(x * rsqrt(var + eps)) flips, h is off by 1 bf16 ulp, and the
-    rounded product weight * h by at most 2 (|weight| ~ 1). That happens for a few elements in a
-    million (measured: 0 in this tiny run, 4 of 1.18M at 448x448), and the few flips then propagate
-    through the later layers into the logits (measured: 0 here, 1.8 ulps of the largest logit with 4+4
-    layers at real widths). A wrong formula (eps, rounding mode, a missing weight) moves outputs by a
-    good fraction of their size, far beyond these bounds."""
+    Why those bounds: opgym's RMSNorm (mode hf) is HF's formula rounding for rounding; the one place
+    it may legitimately differ is the order of the fp32 sum of squares. Where an order change moves
+    the fp32 variance by an ulp and the rounding of h = bf16(x * rsqrt(var + eps)) flips, h is off by
+    1 bf16 ulp and the rounded product weight * h by at most 2 (|weight| ~ 1); such flips are a few
+    per million elements and then propagate into the logits. Measured: with the kernel's earlier
+    fixed 32-lane order, 4 of 1.18 M elements differed at 448x448 and the logits by 1.8 ulps of the
+    largest (4+4 real-width layers); with the current kernel, which sums in torch's own CPU order,
+    0 elements and 0 ulps, here and at full depth. A wrong formula (eps, rounding mode, a missing
+    weight) moves outputs by a good fraction of their size, far beyond these bounds."""
     rep, _ = tiny_report
     ag = rep["agreement"]
     ex = ag["rms_norm_outputs"]
