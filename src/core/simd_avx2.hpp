@@ -10,6 +10,8 @@
 namespace opgym {
 namespace {  // NOLINT: internal linkage per instruction set, see convert.hpp
 
+inline void stream_fence() { _mm_sfence(); }  // order non-temporal stores before returning
+
 struct Simd {
   static constexpr int kGroup = 64, kRegs = 8;
   struct G { __m256 v[kRegs]; };
@@ -62,17 +64,25 @@ struct Simd {
     return g;
   }
   template <class T, bool kRt = false> static G load_w(const typename T::storage* p) { return load<T>(p); }
-  template <class T, bool kRt = false> static void store(typename T::storage* p, const G& g) {
+  // kStream: non-temporal stores (p must be 64-byte aligned), for outputs too large to stay cached.
+  template <class T, bool kRt = false, bool kStream = false> static void store(typename T::storage* p, const G& g) {
     if constexpr (T::dtype == DType::float32) {
-      for (int k = 0; k < kRegs; ++k) _mm256_storeu_ps(p + 8 * k, g.v[k]);
+      for (int k = 0; k < kRegs; ++k) {
+        if constexpr (kStream) _mm256_stream_ps(p + 8 * k, g.v[k]);
+        else _mm256_storeu_ps(p + 8 * k, g.v[k]);
+      }
     } else if constexpr (T::dtype == DType::float16) {
-      for (int k = 0; k < kRegs; ++k)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8 * k),
-                         _mm256_cvtps_ph(g.v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      for (int k = 0; k < kRegs; ++k) {
+        const __m128i h = _mm256_cvtps_ph(g.v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        if constexpr (kStream) _mm_stream_si128(reinterpret_cast<__m128i*>(p + 8 * k), h);
+        else _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8 * k), h);
+      }
     } else {
-      for (int k = 0; k < kRegs; k += 2)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 8 * k),
-                            pack_u32_pair(f32_to_bf16_u32(g.v[k]), f32_to_bf16_u32(g.v[k + 1])));
+      for (int k = 0; k < kRegs; k += 2) {
+        const __m256i h = pack_u32_pair(f32_to_bf16_u32(g.v[k]), f32_to_bf16_u32(g.v[k + 1]));
+        if constexpr (kStream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p + 8 * k), h);
+        else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 8 * k), h);
+      }
     }
   }
   template <class T> static G round_trip(const G& g) {

@@ -18,6 +18,8 @@
 namespace opgym {
 namespace {  // NOLINT: internal linkage per instruction set, see convert.hpp
 
+inline void stream_fence() { _mm_sfence(); }  // order non-temporal stores before returning
+
 // Four halvings of one vector: lanes j += j+8, j += j+4, j += j+2, then lane 0 + lane 1.
 inline float fold16(__m512 v) {
   const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(v),
@@ -36,6 +38,11 @@ inline __m512i bf16_round_high(__m512 f) {
                                      _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
   const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
   return _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7fc00000));
+}
+
+template <bool kStream> inline void store512(void* p, __m512i v) {
+  if constexpr (kStream) _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v);
+  else _mm512_storeu_si512(p, v);
 }
 
 // Lanes the hardware bf16 conversion would get wrong: NaN (payload) and subnormal (flushed).
@@ -68,15 +75,18 @@ struct Simd {
     return g;
   }
   template <class T, bool kRt = false> static G load_w(const typename T::storage* p) { return load<T>(p); }
-  template <class T, bool kRt = false> static void store(typename T::storage* p, const G& g) {
+  // kStream: non-temporal stores (p must be 64-byte aligned), for outputs too large to stay cached.
+  template <class T, bool kRt = false, bool kStream = false> static void store(typename T::storage* p, const G& g) {
     for (int k = 0; k < kRegs; ++k) {
       if constexpr (T::dtype == DType::float32) {
-        _mm512_storeu_ps(p + 16 * k, g.v[k]);
+        if constexpr (kStream) _mm512_stream_ps(p + 16 * k, g.v[k]);
+        else _mm512_storeu_ps(p + 16 * k, g.v[k]);
       } else {
         __m256i h;
         if constexpr (T::dtype == DType::float16) h = _mm512_cvtps_ph(g.v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         else h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round_high(g.v[k]), 16));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 16 * k), h);
+        if constexpr (kStream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p + 16 * k), h);
+        else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 16 * k), h);
       }
     }
   }
@@ -173,7 +183,7 @@ struct SimdBf16 {
     }
   }
   // Stores y given in rt order (kRt) or load order.
-  template <class T, bool kRt> static void store(uint16_t* p, const G& y) {
+  template <class T, bool kRt, bool kStream = false> static void store(uint16_t* p, const G& y) {
     static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
     if constexpr (kNative) {
       // Packed word q holds: load order q<16: element 2q, else 2(q-16)+1;
@@ -184,13 +194,13 @@ struct SimdBf16 {
                                                  23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
       for (int h = 0; h < 2; ++h) {
         const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(y.v[2 * h + 1], y.v[2 * h]));
-        _mm512_storeu_si512(p + 32 * h, _mm512_permutexvar_epi16(idx, packed));
+        store512<kStream>(p + 32 * h, _mm512_permutexvar_epi16(idx, packed));
       }
     } else {
       const G g = kRt ? rt_to_load(y) : y;
       for (int h = 0; h < 2; ++h) {  // exact: odd keeps its high half, even moves its high half down
         const __m512i e = _mm512_srli_epi32(bf16_round_high(g.v[2 * h]), 16);
-        _mm512_storeu_si512(p + 32 * h, _mm512_or_si512(e, bf16_round_high(g.v[2 * h + 1])));
+        store512<kStream>(p + 32 * h, _mm512_or_si512(e, bf16_round_high(g.v[2 * h + 1])));
       }
     }
   }

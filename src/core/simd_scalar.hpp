@@ -10,6 +10,8 @@
 namespace opgym {
 namespace {  // NOLINT: internal linkage per instruction set, see convert.hpp
 
+inline void stream_fence() {}  // the scalar path never streams
+
 struct Simd {
   static constexpr int kGroup = 64;
   struct G { float v[kGroup]; };
@@ -27,7 +29,7 @@ struct Simd {
     G g; for (int i = 0; i < kGroup; ++i) g.v[i] = T::to_f32(p[i]); return g;
   }
   template <class T, bool kRt = false> static G load_w(const typename T::storage* p) { return load<T>(p); }
-  template <class T, bool kRt = false> static void store(typename T::storage* p, const G& g) {
+  template <class T, bool kRt = false, bool kStream = false> static void store(typename T::storage* p, const G& g) {
     for (int i = 0; i < kGroup; ++i) p[i] = T::from_f32(g.v[i]);
   }
   template <class T> static G round_trip(const G& g) {

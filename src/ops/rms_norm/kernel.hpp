@@ -14,7 +14,8 @@ struct RmsNormJob {
   NormMode mode = NormMode::hf;
   bool weight_offset = false;
   bool native_bf16 = false;
-  bool torch_order = true;   // SumOrder::torch_cpu, else lanes64  // the CPU has AVX512-BF16 conversions (the AVX-512 path uses them)
+  bool torch_order = true;   // SumOrder::torch_cpu, else lanes64
+  bool stream_out = false;   // non-temporal stores for 64-byte-aligned output rows (huge outputs)  // the CPU has AVX512-BF16 conversions (the AVX-512 path uses them)
   float eps = 0.f;           // already rounded to fp32, as torch adds it to an fp32 tensor
   int64_t dim = 0;
   // Row addressing: row r starts at x + offset(r) elements. When the leading dims collapse to one
@@ -38,6 +39,9 @@ struct RmsNormJob {
 
 // Short rows are normalized in batches (all sums, then all sqrt/divides, then all scaling) so their
 // serial per-row latencies overlap; a batch's inputs stay within L1.
+// Outputs at least this large are written with non-temporal stores: they cannot stay cached for the
+// next op anyway, and the stores then skip the read-for-ownership of every output line.
+constexpr int64_t kStreamOutBytes = int64_t{32} << 20;
 constexpr int kRowBatch = 16;
 constexpr int64_t kBatchBytes = 16 * 1024;
 inline int batch_rows(int64_t dim, size_t elem_size) {

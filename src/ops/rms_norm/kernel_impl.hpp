@@ -19,7 +19,9 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/rms_norm/kernel.hpp"
 
@@ -162,8 +164,9 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
   // are started, so pass 1 of the next row finds it in cache instead of waiting on memory.
   const bool prefetch = dim * static_cast<int64_t>(sizeof(SX)) >= kPrefetchRowBytes;
   // Pass 2 for one row with the group ops Sx (S or SExact; both share the layout).
-  auto scale_row = [&](auto sx, const SX* x, SO* out, float rinv, const SX* next) {
+  auto scale_row = [&](auto sx, auto stream, const SX* x, SO* out, float rinv, const SX* next) {
     using Sx = decltype(sx);
+    constexpr bool kStream = decltype(stream)::value;
     const G ri = Sx::splat(rinv);
     auto scale = [&](const SX* xp, int64_t i, const SW* wp) {
       G h = Sx::mul(Sx::template load<TX>(xp), ri);
@@ -174,7 +177,7 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
       if (next)
         for (int64_t b = 0; b < static_cast<int64_t>(kG * sizeof(SX)); b += 64)
           __builtin_prefetch(reinterpret_cast<const char*>(next + i) + b, 0, 3);
-      Sx::template store<TO, kHf>(out + i, scale(x + i, i, w + i));
+      Sx::template store<TO, kHf, kStream>(out + i, scale(x + i, i, w + i));
     }
     if (tail) {
       load_tail(x);
@@ -223,15 +226,21 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
         SO* unused;
         row_ptrs(r0 + n + k, next, unused);
       }
+      const bool stream = job.stream_out && (reinterpret_cast<uintptr_t>(out) & 63) == 0;
+      auto run = [&](auto sx) {
+        if (stream) scale_row(sx, std::true_type{}, x, out, rinv[k], next);
+        else scale_row(sx, std::false_type{}, x, out, rinv[k], next);
+      };
       if constexpr (Guard::kActive) {
         if (guard.fast(sums[k], rinv[k], xmin[k], kHf)) {
-          scale_row(S{}, x, out, rinv[k], next);
+          run(S{});
           continue;
         }
       }
-      scale_row(SExact{}, x, out, rinv[k], next);
+      run(SExact{});
     }
   }
+  if (job.stream_out) stream_fence();
 }
 
 template <bool kHf>

@@ -187,6 +187,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
   job.native_bf16 = plan.isa == CpuIsa::avx512 && detail::native_bf16_enabled();
   job.eps = static_cast<float>(opt.eps);
   job.torch_order = opt.sum_order != SumOrder::lanes64;
+  job.stream_out = out.numel() * static_cast<int64_t>(dtype_size(out.dtype)) >= detail::kStreamOutBytes;
   job.dim = dim;
   int64_t xs = 0, os = 0;
   job.collapse = leading_collapse(x, xs) && leading_collapse(out, os);
