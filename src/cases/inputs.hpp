@@ -4,6 +4,7 @@
 // and rounded to the dtype (nearest even). Every tensor is random, weights included.
 #pragma once
 #include <cstdint>
+#include <new>
 #include <vector>
 
 #include "cases/case_file.hpp"
@@ -11,11 +12,23 @@
 
 namespace opgym::cases {
 
+// 64-byte aligned storage, as torch's CPU allocator gives it (kernels may use aligned stores on it).
+template <class T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U> Aligned64(const Aligned64<U>&) {}  // NOLINT(google-explicit-constructor)
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <class U> bool operator==(const Aligned64<U>&) const { return true; }
+  template <class U> bool operator!=(const Aligned64<U>&) const { return false; }
+};
+
 // An owned contiguous tensor.
 struct Buffer {
   DType dtype = DType::float32;
   std::vector<int64_t> shape;
-  std::vector<unsigned char> bytes;
+  std::vector<unsigned char, Aligned64<unsigned char>> bytes;
   TensorView view();
   int64_t numel() const;
   double at(int64_t i) const;  // element i as a double

@@ -27,6 +27,7 @@ namespace {
 
 using cases::Buffer;
 using cases::TensorSpec;
+using Bytes = decltype(Buffer::bytes);
 
 // The CPU reference in the GPU's sum order (the CPU's default is torch's own order).
 RmsNormOptions lanes64(RmsNormOptions o = {}) {
@@ -79,8 +80,8 @@ struct T {
     ASSERT_NE(dev->ptr, nullptr);
     ASSERT_EQ(cudaMemcpy(dev->ptr, storage.bytes.data(), storage.bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
   }
-  std::vector<unsigned char> download() const {
-    std::vector<unsigned char> b(storage.bytes.size());
+  Bytes download() const {
+    Bytes b(storage.bytes.size());
     EXPECT_EQ(cudaMemcpy(b.data(), dev->ptr, b.size(), cudaMemcpyDeviceToHost), cudaSuccess);
     return b;
   }
@@ -127,7 +128,7 @@ T make_tensor(const std::vector<int64_t>& shape, DType dt, Layout layout, uint64
   return t;
 }
 
-std::string first_difference(const std::vector<unsigned char>& got, const std::vector<unsigned char>& want, DType dt) {
+std::string first_difference(const Bytes& got, const Bytes& want, DType dt) {
   const size_t es = dtype_size(dt);
   for (size_t i = 0; i < got.size(); i += es)
     if (std::memcmp(got.data() + i, want.data() + i, es) != 0) {
