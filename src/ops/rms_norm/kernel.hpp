@@ -49,6 +49,10 @@ inline int batch_rows(int64_t dim, size_t elem_size) {
   return static_cast<int>(by_bytes < 1 ? 1 : by_bytes > kRowBatch ? kRowBatch : by_bytes);
 }
 
+// The front's argument checks, shared by the CPU and CUDA fronts (one order, one wording); nothing is
+// written when they throw. Returns false when there is nothing to compute (no elements).
+bool check_rms_norm_args(const TensorView& x, const TensorView& weight, const TensorView& out, const RmsNormOptions& opt);
+
 // Normalizes rows [begin, end) of the job. One per instruction set; each lives in its own TU.
 void rms_norm_rows_scalar(const RmsNormJob& job, int64_t begin, int64_t end);
 void rms_norm_rows_avx2(const RmsNormJob& job, int64_t begin, int64_t end);

@@ -148,12 +148,12 @@ std::string RmsNormPlan::describe() const {
   return o.str();
 }
 
-void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& out,
-              const RmsNormOptions& opt, Executor* executor) {
+namespace detail {
+bool check_rms_norm_args(const TensorView& x, const TensorView& weight, const TensorView& out, const RmsNormOptions& opt) {
   static constexpr const char* op = "rms_norm";
-  detail::check_view(x, "x", op);
-  detail::check_view(weight, "weight", op);
-  detail::check_view(out, "out", op);
+  check_view(x, "x", op);
+  check_view(weight, "weight", op);
+  check_view(out, "out", op);
   const int64_t dim = x.last_dim();
   if (weight.rank != 1 || weight.shape[0] != dim)
     throw Error("weight", std::string(op) + ": weight must have shape [" + std::to_string(dim) +
@@ -166,12 +166,19 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
                            dtype_name(weight.dtype) + " and x " + dtype_name(x.dtype) + "), got " + dtype_name(out.dtype));
   if (!std::isfinite(opt.eps) || opt.eps < 0)
     throw Error("eps", std::string(op) + ": eps must be a finite number >= 0, got " + std::to_string(opt.eps));
-  if (x.numel() == 0) return;  // zero rows (or a zero last dim): nothing to do
-  detail::check_no_self_overlap(out, "out", op);
-  const bool in_place = detail::same_memory(x, out);
-  if (!in_place) detail::check_disjoint(x, "x", out, "out", op);
-  detail::check_disjoint(weight, "weight", out, "out", op);
+  if (x.numel() == 0) return false;  // zero rows (or a zero last dim): nothing to do
+  check_no_self_overlap(out, "out", op);
+  if (!same_memory(x, out)) check_disjoint(x, "x", out, "out", op);
+  check_disjoint(weight, "weight", out, "out", op);
+  return true;
+}
+}  // namespace detail
 
+void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& out,
+              const RmsNormOptions& opt, Executor* executor) {
+  if (!detail::check_rms_norm_args(x, weight, out, opt)) return;
+  const int64_t dim = x.last_dim();
+  const DType out_dtype = out.dtype;
   Executor& ex = executor ? *executor : default_executor();
   const RmsNormPlan plan = make_plan(x, weight.dtype, ex.max_threads());
 

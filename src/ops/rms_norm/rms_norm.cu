@@ -39,6 +39,7 @@
 #include <type_traits>
 
 #include "core/checks.hpp"
+#include "ops/rms_norm/kernel.hpp"
 #include "opgym/cuda.hpp"
 
 namespace opgym::cuda {
@@ -523,31 +524,13 @@ std::string RmsNormPlan::describe() const {
 
 void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& out, const RmsNormOptions& opt,
               CUstream_st* stream) {
-  // The CPU front's checks, in its order and with its messages.
+  // The CPU front's checks (the same function), then the GPU's own.
   static constexpr const char* op = "rms_norm";
-  detail::check_view(x, "x", op);
-  detail::check_view(weight, "weight", op);
-  detail::check_view(out, "out", op);
-  const int64_t dim = x.last_dim();
-  if (weight.rank != 1 || weight.shape[0] != dim)
-    throw Error("weight", std::string(op) + ": weight must have shape [" + std::to_string(dim) +
-                              "] (the last dim of x), got " + weight.shape_str());
-  const DType out_dtype = rms_norm_out_dtype(x.dtype, weight.dtype);
-  if (out.rank != x.rank || !std::equal(x.shape.begin(), x.shape.begin() + x.rank, out.shape.begin()))
-    throw Error("out", std::string(op) + ": out must have the shape of x " + x.shape_str() + ", got " + out.shape_str());
-  if (out.dtype != out_dtype)
-    throw Error("out", std::string(op) + ": out must have dtype " + dtype_name(out_dtype) + " (promotion of weight " +
-                           dtype_name(weight.dtype) + " and x " + dtype_name(x.dtype) + "), got " + dtype_name(out.dtype));
-  if (!std::isfinite(opt.eps) || opt.eps < 0)
-    throw Error("eps", std::string(op) + ": eps must be a finite number >= 0, got " + std::to_string(opt.eps));
   if (opt.sum_order == SumOrder::torch_cpu)
     throw Error("sum_order", std::string(op) + ": sum_order torch_cpu is the CPU's order; CUDA sums in the lanes64 order "
                              "(pass automatic or lanes64)");
-  if (x.numel() == 0) return;  // zero rows (or a zero last dim): nothing to launch
-  detail::check_no_self_overlap(out, "out", op);
-  const bool in_place = detail::same_memory(x, out);
-  if (!in_place) detail::check_disjoint(x, "x", out, "out", op);
-  detail::check_disjoint(weight, "weight", out, "out", op);
+  if (!detail::check_rms_norm_args(x, weight, out, opt)) return;  // nothing to launch
+  const int64_t dim = x.last_dim();
   // The GPU addresses whole elements only (the CPU path tolerates any byte address).
   for (const auto* t : {&x, &weight, &out}) {
     const char* name = t == &x ? "x" : t == &weight ? "weight" : "out";
