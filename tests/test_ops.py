@@ -119,6 +119,18 @@ def test_threads_do_not_change_bits():
     assert torch.equal(one, many)
 
 
+def test_work_runs_on_torchs_intra_op_threads():
+    """torch.set_num_threads governs the fused op: with 2 threads two threads really work, with 1 one."""
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.ops.opgym._parallel_probe(64) == 2
+        torch.set_num_threads(1)
+        assert torch.ops.opgym._parallel_probe(64) == 1
+    finally:
+        torch.set_num_threads(prev)
+
+
 def test_empty_inputs():
     w = torch.randn(8)
     assert opgym.rms_norm(torch.randn(0, 8), w).shape == (0, 8)

@@ -91,17 +91,20 @@ def run_bench(args) -> list[dict]:
     threads = sorted({all_threads if t.strip() == "all" else int(t) for t in args.threads.split(",")})
     has_cpp = hasattr(torch.ops.opgym, "bench_core")
     rows = []
-    compiled = {}
+    compiled, modules = {}, {}
     for nt in threads:
         torch.set_num_threads(nt)
         for shape, dtype_name, label in _shapes(args):
             dtype = getattr(torch, dtype_name)
             g = torch.Generator().manual_seed(0)
             x = torch.randn(shape, generator=g).to(dtype)
-            mod = Qwen2_5_VLRMSNorm(shape[-1], eps=1e-6)
-            with torch.no_grad():
-                mod.weight.copy_(torch.randn(shape[-1], generator=g) * 0.1 + 1)
-            mod = mod.to(dtype)
+            mkey = (dtype_name, shape[-1])
+            if mkey not in modules:  # one HF module per dtype and width, weights seeded
+                m = Qwen2_5_VLRMSNorm(shape[-1], eps=1e-6)
+                with torch.no_grad():
+                    m.weight.copy_(torch.randn(shape[-1], generator=torch.Generator().manual_seed(shape[-1])) * 0.1 + 1)
+                modules[mkey] = m.to(dtype)
+            mod = modules[mkey]
             w = mod.weight.detach()
             out = torch.empty_like(x)
             nbytes = 2 * x.numel() * x.element_size()
@@ -118,8 +121,8 @@ def run_bench(args) -> list[dict]:
                 fns["opgym_cpp"] = ("cpp", "fused")
                 fns["basic_ops"] = ("cpp", "basic_ops")
             if "compile" in impls:
-                key = (dtype_name, len(shape))
-                if key not in compiled:  # one dynamic-shape compile per dtype and rank
+                key = (dtype_name, len(shape), shape[-1])
+                if key not in compiled:  # one dynamic-shape compile per module and rank
                     compiled[key] = torch.compile(mod.forward, dynamic=True)
                 cf = compiled[key]
                 fns["compile"] = lambda: cf(x)

@@ -21,6 +21,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 #include <exception>
 #include <string>
@@ -283,11 +286,26 @@ double bench_core(const at::Tensor& x, const at::Tensor& weight, double eps, c10
   std::nth_element(ns.begin(), ns.begin() + ns.size() / 2, ns.end());
   return ns[ns.size() / 2];
 }
+// How many distinct threads the core's executor inside torch really uses for n tasks: a build in
+// which at::parallel_for's OpenMP pragma was compiled out would answer 1 whatever set_num_threads says.
+int64_t parallel_probe(int64_t n) {
+  std::mutex m;
+  std::set<std::thread::id> ids;
+  aten_executor().parallel_for(n, 1, [&](int64_t b, int64_t e) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(200 * (e - b))) {
+    }  // long enough that one thread cannot take every task before the others start
+    std::lock_guard<std::mutex> lk(m);
+    ids.insert(std::this_thread::get_id());
+  });
+  return static_cast<int64_t>(ids.size());
+}
 }  // namespace
 
 // Lets Python ask what this build has, without a pybind module.
 TORCH_LIBRARY_FRAGMENT(opgym, m) {
   m.def("bench_core(Tensor x, Tensor weight, float eps, str impl, int samples, float sample_ms) -> float", &bench_core);
+  m.def("_parallel_probe(int n) -> int", &parallel_probe);
   m.def("build_info() -> str", []() -> std::string {
     return std::string("opgym ") + opgym::kVersion + "; cpu isa " + opgym::isa_name(opgym::active_cpu_isa()) +
            "; cpu features: " + opgym::cpu_features() + "; cuda operators: " + (OPGYM_EXT_CUDA ? "yes" : "no");
