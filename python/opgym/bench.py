@@ -203,6 +203,8 @@ def _report(rows, impls, out_dir: Path) -> None:
     for ax, nt in zip(axes[0], sorted({r["threads"] for r in rows})):
         sel = sorted([r for r in rows if r["threads"] == nt], key=lambda r: r["bytes"])
         for name in impls:
+            if name.startswith("empty_like"):
+                continue  # moves no data: a time, not a bandwidth (it is in the table)
             pts = [(r["bytes"] / 2, r[name + "_gbs"]) for r in sel if name + "_gbs" in r]
             if pts:
                 style = dict(color="black", linestyle="--", linewidth=2) if name == "copy" else {}
