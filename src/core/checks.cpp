@@ -76,4 +76,16 @@ void check_disjoint(const TensorView& a, const char* a_name, const TensorView& b
                             " in memory; pass the very same tensor for in place, or disjoint memory");
 }
 
+bool leading_collapse(const TensorView& t, int64_t& row_stride) {
+  row_stride = t.last_dim();
+  int inner = -1;
+  for (int d = t.rank - 2; d >= 0; --d) {
+    if (t.shape[d] == 1) continue;
+    if (inner < 0) row_stride = t.strides[d];
+    else if (t.strides[d] != t.strides[inner] * t.shape[inner]) return false;
+    inner = d;
+  }
+  return true;
+}
+
 }  // namespace opgym::detail

@@ -15,4 +15,9 @@ bool same_memory(const TensorView& a, const TensorView& b);
 // The byte ranges a and b span do not intersect.
 void check_disjoint(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name, const char* op);
 
+// Whether t's leading dims collapse to one row stride: skipping size-1 dims, each dim's stride is the
+// next inner one's stride times that one's size. row_stride is then the innermost's stride (rows are
+// then addressed as r * row_stride; otherwise a front unravels r over the leading dims).
+bool leading_collapse(const TensorView& t, int64_t& row_stride);
+
 }  // namespace opgym::detail

@@ -61,4 +61,34 @@ inline opgym::TensorView view_of(const at::Tensor& t) {
                                     t.strides().data(), static_cast<int>(rank));
 }
 
+// The out form's checks beyond check_common (real and Meta kernels): device, the promoted dtype, x's shape.
+inline void check_out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, at::ScalarType out_dtype) {
+  check_device(weight, "weight", x.device());
+  check_device(out, "out", x.device());
+  TORCH_CHECK_VALUE(out.scalar_type() == out_dtype, "opgym::rms_norm_out: out must have dtype ", out_dtype,
+                    " (torch's promotion of weight ", weight.scalar_type(), " and x ", x.scalar_type(), "), got ",
+                    out.scalar_type());
+  TORCH_CHECK_VALUE(out.dim() == x.dim(), "opgym::rms_norm_out: out must have the shape of x ", x.sym_sizes(), ", got ",
+                    out.sym_sizes());
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    // Concrete sizes give a ValueError like every other bad value; symbolic ones (Meta kernels under
+    // torch.compile) a symbolic check, so no guard is added on the size.
+    const c10::SymBool eq = out.sym_size(d).sym_eq(x.sym_size(d));
+    if (const auto known = eq.maybe_as_bool()) {
+      TORCH_CHECK_VALUE(*known, "opgym::rms_norm_out: out must have the shape of x ", x.sym_sizes(), ", got ",
+                        out.sym_sizes());
+    } else {
+      TORCH_SYM_CHECK(eq, "opgym::rms_norm_out: out must have the shape of x ", x.sym_sizes(), ", got ", out.sym_sizes());
+    }
+  }
+}
+
+// The in-place form's (real and Meta kernels): the output dtype must be x's own.
+inline void check_in_place(const at::Tensor& x, const at::Tensor& weight, at::ScalarType out_dtype) {
+  check_device(weight, "weight", x.device());
+  TORCH_CHECK_VALUE(out_dtype == x.scalar_type(), "opgym::rms_norm_: in place needs an output dtype equal to x's ",
+                    x.scalar_type(), ", but weight ", weight.scalar_type(), " promotes it to ", out_dtype,
+                    "; use opgym::rms_norm or rms_norm_out");
+}
+
 }  // namespace opgym_torch

@@ -57,25 +57,14 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double e
 
 at::Tensor& rms_norm_out_cuda(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                               bool weight_offset, at::Tensor& out) {
-  const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
-  check_device(weight, "weight", x.device());
-  check_device(out, "out", x.device());
-  TORCH_CHECK_VALUE(out.scalar_type() == out_dtype, "opgym::rms_norm_out: out must have dtype ", out_dtype,
-                    " (torch's promotion of weight ", weight.scalar_type(), " and x ", x.scalar_type(), "), got ",
-                    out.scalar_type());
-  TORCH_CHECK_VALUE(out.sizes() == x.sizes(), "opgym::rms_norm_out: out must have the shape of x ", x.sizes(), ", got ",
-                    out.sizes());
+  check_out(x, weight, out, check_common(x, weight, eps, mode));
   run_cuda(x, weight, out, eps, mode, weight_offset);
   return out;
 }
 
 at::Tensor& rms_norm_inplace_cuda(at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                                   bool weight_offset) {
-  const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
-  check_device(weight, "weight", x.device());
-  TORCH_CHECK_VALUE(out_dtype == x.scalar_type(), "opgym::rms_norm_: in place needs an output dtype equal to x's ",
-                    x.scalar_type(), ", but weight ", weight.scalar_type(), " promotes it to ", out_dtype,
-                    "; use opgym::rms_norm or rms_norm_out");
+  check_in_place(x, weight, check_common(x, weight, eps, mode));
   run_cuda(x, weight, x, eps, mode, weight_offset);
   return x;
 }

@@ -49,20 +49,6 @@ RowsFn rows_fn(CpuIsa isa) {
   }
 }
 
-// Leading dims collapse to one row stride when, skipping size-1 dims, each dim's stride is the
-// next inner one's stride times that one's size; the row stride is then the innermost's stride.
-bool leading_collapse(const TensorView& t, int64_t& row_stride) {
-  row_stride = t.last_dim();
-  int inner = -1;
-  for (int d = t.rank - 2; d >= 0; --d) {
-    if (t.shape[d] == 1) continue;
-    if (inner < 0) row_stride = t.strides[d];
-    else if (t.strides[d] != t.strides[inner] * t.shape[inner]) return false;
-    inner = d;
-  }
-  return true;
-}
-
 std::atomic<bool> native_bf16_allowed{true};
 RmsNormPlan make_plan(const TensorView& x, DType weight_dtype, int threads);
 
@@ -98,7 +84,7 @@ RmsNormPlan make_plan(const TensorView& x, DType weight_dtype, int threads) {
   p.w_dtype = weight_dtype;
   p.out_dtype = rms_norm_out_dtype(x.dtype, weight_dtype);
   int64_t rs;
-  p.rows_collapse = leading_collapse(x, rs);
+  p.rows_collapse = detail::leading_collapse(x, rs);
   p.isa = active_cpu_isa();
   p.vector_elems = p.isa == CpuIsa::avx512 ? 16 : p.isa == CpuIsa::avx2 ? 8 : 1;
   p.vector_body = p.dim - p.dim % kSumLanes;  // every path's group is kSumLanes wide
@@ -197,7 +183,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
   job.stream_out = out.numel() * static_cast<int64_t>(dtype_size(out.dtype)) >= detail::kStreamOutBytes;
   job.dim = dim;
   int64_t xs = 0, os = 0;
-  job.collapse = leading_collapse(x, xs) && leading_collapse(out, os);
+  job.collapse = detail::leading_collapse(x, xs) && detail::leading_collapse(out, os);
   job.x_row_stride = xs;
   job.out_row_stride = os;
   job.lead_rank = x.rank - 1;

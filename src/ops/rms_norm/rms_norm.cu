@@ -421,20 +421,6 @@ void launch(const RmsNormPlan& plan, const Params& p, cudaStream_t stream) {
   check_launch("kernel launch");
 }
 
-// Leading dims collapse to one row stride when, skipping size-1 dims, each dim's stride is the next
-// inner one's stride times that one's size (the CPU front's rule).
-bool leading_collapse(const TensorView& t, int64_t& row_stride) {
-  row_stride = t.last_dim();
-  int inner = -1;
-  for (int d = t.rank - 2; d >= 0; --d) {
-    if (t.shape[d] == 1) continue;
-    if (inner < 0) row_stride = t.strides[d];
-    else if (t.strides[d] != t.strides[inner] * t.shape[inner]) return false;
-    inner = d;
-  }
-  return true;
-}
-
 // Every row of t starts at a multiple of `elems` elements (given an element-aligned base).
 bool rows_aligned(const TensorView& t, int elems) {
   // (A null pointer, planning without data, counts as aligned.)
@@ -474,7 +460,7 @@ RmsNormPlan plan_rms_norm(const TensorView& x, const TensorView& weight, const T
   p.dim = x.last_dim();
   p.rows = x.rows();
   int64_t s;
-  p.rows_collapse = leading_collapse(x, s) && leading_collapse(out, s);
+  p.rows_collapse = detail::leading_collapse(x, s) && detail::leading_collapse(out, s);
   const DType xd = x.dtype;
   if (p.dim <= kWarpRowsMaxDim) {
     p.kernel = RmsNormKernel::warp_rows;
@@ -561,7 +547,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
   p.hf = opt.mode == NormMode::hf;
   p.weight_offset = opt.weight_offset;
   int64_t xs = 0, os = 0;
-  p.collapse = leading_collapse(x, xs) && leading_collapse(out, os);
+  p.collapse = detail::leading_collapse(x, xs) && detail::leading_collapse(out, os);
   p.x_row_stride = xs;
   p.out_row_stride = os;
   p.lead_rank = x.rank - 1;
