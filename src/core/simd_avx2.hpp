@@ -120,7 +120,7 @@ struct Row32 {
     }
     return r;
   }
-  static void store(float* out, const Row32& r) { for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 8 * k, r.v[k]); }
+  template <class T> static void store(float* out, const Row32& r) { for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 8 * k, r.v[k]); }
 };
 
 }  // namespace

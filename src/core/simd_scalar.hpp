@@ -45,7 +45,7 @@ struct Row32 {
   template <class T> static Row32 squares(const typename T::storage* p) {
     Row32 r; for (int i = 0; i < 32; ++i) { const float x = T::to_f32(p[i]); r.v[i] = x * x; } return r;
   }
-  static void store(float* out, const Row32& r) { for (int i = 0; i < 32; ++i) out[i] = r.v[i]; }
+  template <class T> static void store(float* out, const Row32& r) { for (int i = 0; i < 32; ++i) out[i] = r.v[i]; }
 };
 
 }  // namespace

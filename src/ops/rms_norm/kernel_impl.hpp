@@ -102,7 +102,7 @@ void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* t
   for (int r = 0; r < R; ++r) {
     for (int lev = 1; lev < 4; ++lev) acc[r][0] = Row32::add(acc[r][0], acc[r][lev]);
     alignas(64) float ps[32];  // ps[8k + lane]: partial vector k
-    Row32::store(ps, acc[r][0]);
+    Row32::template store<TX>(ps, acc[r][0]);
     for (int64_t v = rows * 4; v < vecs; ++v)
       for (int l = 0; l < kW; ++l) ps[l] += sq(r, kW * v + l);
     for (int k = 1; k < 4; ++k)
