@@ -309,13 +309,19 @@ struct Bf16Guard {
       return r.min_nonzero();
     }
   };
+  // In hf mode the smallest nonzero h must be normal already in fp32, not only after rounding to
+  // bf16: the hardware conversion reads a subnormal input as zero, so an h just below 2^-126 that
+  // rounds up to 2^-126 would come out 0 (tested).
   bool fast(float sum, float rinv, float xmin, bool hf) const {
     if (!weight_ok || !(sum <= 3.4e38f) || !(rinv <= 3.4e38f)) return false;
     if (xmin == 0.0f || w_min == 0.0f) return true;  // all-zero x or w: products are exact zeros
-    float h = static_cast<float>(static_cast<double>(xmin) * rinv);
-    if (hf) h = bf16_to_f32(f32_to_bf16(h));
     constexpr double kMinNormal = 0x1p-126;
-    return (!hf || h >= kMinNormal) && static_cast<double>(h) * w_min >= kMinNormal;
+    float h = static_cast<float>(static_cast<double>(xmin) * rinv);
+    if (hf) {
+      if (h < kMinNormal) return false;
+      h = bf16_to_f32(f32_to_bf16(h));
+    }
+    return static_cast<double>(h) * w_min >= kMinNormal;
   }
 };
 

@@ -237,6 +237,31 @@ TEST(RmsNorm, Bf16FastPathFallsBackWhereHardwareRoundingWouldDiffer) {
   set_cpu_isa(best_cpu_isa());
 }
 
+// The edge of that proof: an h whose fp32 value is subnormal but whose bf16 rounding is the smallest
+// normal. Row of 64: 62 ones, one 1.0078125 and t = 127 * 2^-133 (a subnormal bf16), so that
+// r = 1/sqrt(mean) ~ 1.00778 and t * r ~ 127.99 * 2^-133: fp32 subnormal, bf16(h) = 2^-126. HF gives
+// y = w * 2^-126; a conversion that treats subnormal inputs as zero (AVX512-BF16 does) gives 0.
+TEST(RmsNorm, Bf16FastPathRefusesASubnormalHThatRoundsToNormal) {
+  if (!cpu_supports(CpuIsa::avx512)) GTEST_SKIP() << "no AVX-512";
+  set_cpu_isa(CpuIsa::avx512);
+  const int64_t rows = 8, dim = 64;  // 8 rows: the weight is pre-converted as in a real call
+  Buffer x = cases::make_buffer({rows, dim}, DType::bfloat16), w = cases::make_buffer({dim}, DType::bfloat16);
+  auto* xs = reinterpret_cast<uint16_t*>(x.bytes.data());
+  auto* ws = reinterpret_cast<uint16_t*>(w.bytes.data());
+  for (int64_t i = 0; i < dim; ++i) ws[i] = f32_to_bf16(1.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < dim; ++i) xs[r * dim + i] = f32_to_bf16(1.0f);
+    xs[r * dim + 5] = f32_to_bf16(1.0078125f);
+    xs[r * dim + 40] = 127;  // 127 * 2^-133
+  }
+  Buffer want = cases::make_buffer({rows, dim}, DType::bfloat16), got = want;
+  reference::rms_norm_basic_ops(x.view(), w.view(), want.view());
+  ASSERT_EQ(reinterpret_cast<uint16_t*>(want.bytes.data())[40], 0x0080) << "the case must hit bf16(h) = 2^-126";
+  rms_norm(x.view(), w.view(), got.view());
+  EXPECT_EQ(got.bytes, want.bytes);
+  set_cpu_isa(best_cpu_isa());
+}
+
 TEST(RmsNorm, WeightOffsetIsOnePlusWeight) {
   Buffer x = cases::make_normal(TensorSpec{"x", {2, 96}, DType::float32}, 1, 0);
   Buffer w = cases::make_normal(TensorSpec{"w", {96}, DType::float32}, 1, 1);
