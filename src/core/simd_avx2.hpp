@@ -63,9 +63,8 @@ struct Simd {
     }
     return g;
   }
-  template <class T, bool kRt = false> static G load_w(const typename T::storage* p) { return load<T>(p); }
   // kStream: non-temporal stores (p must be 64-byte aligned), for outputs too large to stay cached.
-  template <class T, bool kRt = false, bool kStream = false> static void store(typename T::storage* p, const G& g) {
+  template <class T, bool kStream = false> static void store(typename T::storage* p, const G& g) {
     if constexpr (T::dtype == DType::float32) {
       for (int k = 0; k < kRegs; ++k) {
         if constexpr (kStream) _mm256_stream_ps(p + 8 * k, g.v[k]);

@@ -74,9 +74,8 @@ struct Simd {
     }
     return g;
   }
-  template <class T, bool kRt = false> static G load_w(const typename T::storage* p) { return load<T>(p); }
   // kStream: non-temporal stores (p must be 64-byte aligned), for outputs too large to stay cached.
-  template <class T, bool kRt = false, bool kStream = false> static void store(typename T::storage* p, const G& g) {
+  template <class T, bool kStream = false> static void store(typename T::storage* p, const G& g) {
     for (int k = 0; k < kRegs; ++k) {
       if constexpr (T::dtype == DType::float32) {
         if constexpr (kStream) _mm512_stream_ps(p + 16 * k, g.v[k]);
@@ -106,15 +105,20 @@ struct Simd {
   }
 };
 
-// All-bf16 kernels. Two lane orders, both of 64 elements in four vectors (per 32 elements: two):
-//   load order  v[2h] lane j = element 32h + 2j, v[2h+1] lane j = element 32h + 2j + 1 (a 64-byte load
-//               read as dwords: even elements by a shift, odd ones by a mask);
-//   rt order    what rounding in load order then splitting again gives without a permute:
-//               v[2h] lanes 0..7 = elements 4j, lanes 8..15 = 4j+1; v[2h+1]: 4j+2 and 4j+3.
-// In hf mode h is rounded (round_trip: load order -> rt order), so the weight is taken in rt order and
-// y is stored from it; in fp32 mode everything stays in load order. Only the store permutes.
-// kNative: AVX512-BF16 conversions, which the caller may choose only for rows it has proven free of
-// NaN and subnormal results (see Bf16Guard).
+// All-bf16 kernels, in the even/odd split layout: of 64 elements in four vectors, v[2h] lane j holds
+// element 32h + 2j and v[2h+1] lane j element 32h + 2j + 1 (a 64-byte load read as dwords: the even
+// elements by a shift, the odd ones by a mask). Everything between load and store is lane-wise, the
+// weight is loaded the same way, and only the store re-interleaves (one permute per 32).
+// kNative: the caller has proven the row free of NaN and of subnormal h and y (see Bf16Guard), which
+// makes two shortcuts exact:
+//   - round_trip (h -> bf16 -> fp32) by Veltkamp's split, c = h * (2^16 + 1), h' = c - (c - h): three
+//     instructions on either FP port, no packing; round-to-nearest-even arithmetic makes h' the bf16
+//     rounding of h, ties to even, for every normal |h| <= 2^100 and for +-0 (checked exhaustively
+//     over those fp32 values by a throwaway loop; the unit test holds it to the scalar reference);
+//     |h| <= max(2 sqrt(dim), 2^65) always holds, see Bf16Guard;
+//   - the store's rounding by VCVTNE2PS2BF16 (AVX512-BF16), which flushes subnormals and rewrites
+//     NaN payloads, neither of which such a row has.
+// Otherwise the integer rounding, exact for every input.
 template <bool kNative>
 struct SimdBf16 {
   static constexpr int kGroup = 64, kRegs = 4;
@@ -126,7 +130,6 @@ struct SimdBf16 {
   static G load_raw(const float* p) { return Simd::load_raw(p); }
   // +32 pairs v0 with v2 and v1 with v3; +16 .. +2 stay inside the even (or odd) vector as its own
   // halvings; the last step (+1) adds the even total to the odd total. Same sums as the scalar fold.
-  // (Only pass 1 folds, always in load order.)
   static float fold(const G& g) {
     return fold16(_mm512_add_ps(g.v[0], g.v[2])) + fold16(_mm512_add_ps(g.v[1], g.v[3]));
   }
@@ -134,74 +137,40 @@ struct SimdBf16 {
     a = _mm512_castsi512_ps(_mm512_slli_epi32(packed, 16));
     b = _mm512_castsi512_ps(_mm512_and_si512(packed, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
-  // load order <-> rt order (for the exact path and for the weight; the fast path never needs it)
-  static G load_to_rt(const G& g) {
-    const __m512i ia = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i ib = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-    G r;
-    for (int h = 0; h < 2; ++h) {
-      r.v[2 * h] = _mm512_permutex2var_ps(g.v[2 * h], ia, g.v[2 * h + 1]);
-      r.v[2 * h + 1] = _mm512_permutex2var_ps(g.v[2 * h], ib, g.v[2 * h + 1]);
-    }
-    return r;
-  }
-  static G rt_to_load(const G& g) {
-    const __m512i ie = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const __m512i io = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-    G r;
-    for (int h = 0; h < 2; ++h) {
-      r.v[2 * h] = _mm512_permutex2var_ps(g.v[2 * h], ie, g.v[2 * h + 1]);
-      r.v[2 * h + 1] = _mm512_permutex2var_ps(g.v[2 * h], io, g.v[2 * h + 1]);
-    }
-    return r;
-  }
   template <class T> static G load(const uint16_t* p) {
     static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
     G g;
     for (int h = 0; h < 2; ++h) split2(_mm512_loadu_si512(p + 32 * h), g.v[2 * h], g.v[2 * h + 1]);
     return g;
   }
-  // The weight in the order pass 2 multiplies in: rt order in hf mode, load order in fp32 mode.
-  template <class T, bool kRt> static G load_w(const uint16_t* p) {
-    const G g = load<T>(p);
-    if constexpr (kRt) return load_to_rt(g);
-    else return g;
-  }
-  template <class T> static G round_trip(const G& g) {  // load order in, rt order out
+  template <class T> static G round_trip(const G& g) {
     static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
     G r;
     if constexpr (kNative) {
-      // cvtne2ps2bf16(a, b): words 0..15 from b, 16..31 from a; as dwords (word 2d+1 : word 2d).
-      for (int h = 0; h < 2; ++h) {
-        const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(g.v[2 * h + 1], g.v[2 * h]));
-        split2(packed, r.v[2 * h], r.v[2 * h + 1]);
+      const __m512 split = _mm512_set1_ps(65537.0f);
+      for (int k = 0; k < kRegs; ++k) {
+        const __m512 c = _mm512_mul_ps(g.v[k], split);
+        r.v[k] = _mm512_sub_ps(c, _mm512_sub_ps(c, g.v[k]));
       }
-      return r;
     } else {
       for (int k = 0; k < kRegs; ++k) r.v[k] = _mm512_castsi512_ps(bf16_round_high(g.v[k]));
-      return load_to_rt(r);
     }
+    return r;
   }
-  // Stores y given in rt order (kRt) or load order.
-  template <class T, bool kRt, bool kStream = false> static void store(uint16_t* p, const G& y) {
+  template <class T, bool kStream = false> static void store(uint16_t* p, const G& y) {
     static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
-    if constexpr (kNative) {
-      // Packed word q holds: load order q<16: element 2q, else 2(q-16)+1;
-      //                      rt order q = 8m + j: element 4j + m.
-      const __m512i idx = kRt ? _mm512_set_epi16(31, 23, 15, 7, 30, 22, 14, 6, 29, 21, 13, 5, 28, 20, 12, 4,
-                                                 27, 19, 11, 3, 26, 18, 10, 2, 25, 17, 9, 1, 24, 16, 8, 0)
-                              : _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                                 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-      for (int h = 0; h < 2; ++h) {
-        const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(y.v[2 * h + 1], y.v[2 * h]));
-        store512<kStream>(p + 32 * h, _mm512_permutexvar_epi16(idx, packed));
+    for (int h = 0; h < 2; ++h) {
+      __m512i packed;
+      if constexpr (kNative) {
+        // cvtne2ps(a, b): words 0..15 from b (even elements), 16..31 from a (odd); word q of the
+        // result goes to element 2q (q < 16) or 2(q - 16) + 1.
+        const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                             23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        packed = _mm512_permutexvar_epi16(idx, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(y.v[2 * h + 1], y.v[2 * h])));
+      } else {  // exact: odd keeps its high half, even moves its high half down
+        packed = _mm512_or_si512(_mm512_srli_epi32(bf16_round_high(y.v[2 * h]), 16), bf16_round_high(y.v[2 * h + 1]));
       }
-    } else {
-      const G g = kRt ? rt_to_load(y) : y;
-      for (int h = 0; h < 2; ++h) {  // exact: odd keeps its high half, even moves its high half down
-        const __m512i e = _mm512_srli_epi32(bf16_round_high(g.v[2 * h]), 16);
-        store512<kStream>(p + 32 * h, _mm512_or_si512(e, bf16_round_high(g.v[2 * h + 1])));
-      }
+      store512<kStream>(p + 32 * h, packed);
     }
   }
 };
@@ -271,10 +240,13 @@ struct Row32 {
   }
 };
 
-// Proves, per row, that AVX512-BF16's conversions are exact for it: with finite x (a finite sum of
+// Proves, per row, that the fast path's conversions (SimdBf16<true>) are exact for it: with finite x (a finite sum of
 // squares) and finite weights there is no NaN, and with min|h| = bf16(fp32(min|x| * r)) >= 2^-126 and
 // min|h| * min|w| >= 2^-126 (smallest nonzero magnitudes; rounding is monotonic) no h or y is
 // subnormal. A row that fails takes the exact integer rounding.
+// The bound Veltkamp's split needs, |h| <= 2^100, holds for every row with a finite r: if x^2 is a
+// normal fp32 the sum of squares is at least fl(x^2), so |h| = |x| r <= sqrt(dim) (1 + 2^-21); else
+// |x| < 2^-63 and |h| < 2^-63 * 2^128.
 struct Bf16Guard {
   static constexpr bool kActive = true;
   bool weight_ok = false;

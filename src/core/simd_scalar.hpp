@@ -28,8 +28,7 @@ struct Simd {
   template <class T> static G load(const typename T::storage* p) {
     G g; for (int i = 0; i < kGroup; ++i) g.v[i] = T::to_f32(p[i]); return g;
   }
-  template <class T, bool kRt = false> static G load_w(const typename T::storage* p) { return load<T>(p); }
-  template <class T, bool kRt = false, bool kStream = false> static void store(typename T::storage* p, const G& g) {
+  template <class T, bool kStream = false> static void store(typename T::storage* p, const G& g) {
     for (int i = 0; i < kGroup; ++i) p[i] = T::from_f32(g.v[i]);
   }
   template <class T> static G round_trip(const G& g) {

@@ -18,14 +18,13 @@ void round_bf16_avx512_split(bool native, const float* in, uint16_t* stored, flo
       }
     Simd::G g;
     for (int k = 0; k < 4; ++k) g.v[k] = _mm512_load_ps(lanes + 16 * k);
-    // store from load order; round trip (load -> rt order), back to load order for reading out
     Simd::G r;
     if (native) {
-      SimdBf16<true>::store<BF16, false>(stored + i, g);
-      r = SimdBf16<true>::rt_to_load(SimdBf16<true>::round_trip<BF16>(g));
+      SimdBf16<true>::store<BF16>(stored + i, g);
+      r = SimdBf16<true>::round_trip<BF16>(g);
     } else {
-      SimdBf16<false>::store<BF16, false>(stored + i, g);
-      r = SimdBf16<false>::rt_to_load(SimdBf16<false>::round_trip<BF16>(g));
+      SimdBf16<false>::store<BF16>(stored + i, g);
+      r = SimdBf16<false>::round_trip<BF16>(g);
     }
     for (int k = 0; k < 4; ++k) _mm512_store_ps(lanes + 16 * k, r.v[k]);
     for (int h = 0; h < 2; ++h)
@@ -33,12 +32,6 @@ void round_bf16_avx512_split(bool native, const float* in, uint16_t* stored, flo
         round_tripped[i + 32 * h + 2 * j] = lanes[32 * h + j];
         round_tripped[i + 32 * h + 2 * j + 1] = lanes[32 * h + 16 + j];
       }
-    // and a store from rt order must land every element in place
-    alignas(64) uint16_t via_rt[64];
-    if (native) SimdBf16<true>::store<BF16, true>(via_rt, SimdBf16<true>::load_to_rt(g));
-    else SimdBf16<false>::store<BF16, true>(via_rt, SimdBf16<false>::load_to_rt(g));
-    for (int k = 0; k < 64; ++k)
-      if (via_rt[k] != stored[i + k]) stored[i + k] = static_cast<uint16_t>(~stored[i + k]);  // make the test fail
   }
 }
 }  // namespace opgym::detail

@@ -138,8 +138,8 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
   // The weight in fp32, in the group layout, offset applied: once per call when it fits.
   alignas(64) float wbuf[kWeightBuf + kG];
   const bool wconv = dim <= kWeightBuf && end - begin >= kWeightBufRows;
-  auto weight_group = [&](const SW* wp) {  // in the order pass 2 multiplies in (see SimdBf16)
-    G wv = S::template load_w<TW, kHf>(wp);
+  auto weight_group = [&](const SW* wp) {  // in the layout of S (see SimdBf16)
+    G wv = S::template load<TW>(wp);
     if (offset) wv = S::add(wv, S::splat(1.0f));
     return wv;
   };
@@ -177,11 +177,11 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
       if (next)
         for (int64_t b = 0; b < static_cast<int64_t>(kG * sizeof(SX)); b += 64)
           __builtin_prefetch(reinterpret_cast<const char*>(next + i) + b, 0, 3);
-      Sx::template store<TO, kHf, kStream>(out + i, scale(x + i, i, w + i));
+      Sx::template store<TO, kStream>(out + i, scale(x + i, i, w + i));
     }
     if (tail) {
       load_tail(x);
-      Sx::template store<TO, kHf>(ot, scale(xt, body, wt));
+      Sx::template store<TO>(ot, scale(xt, body, wt));
       std::memcpy(out + body, ot, tail * sizeof(SO));
     }
   };
