@@ -120,6 +120,10 @@ struct Row32 {
     return r;
   }
   template <class T> static void store(float* out, const Row32& r) { for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 8 * k, r.v[k]); }
+  // out[l] = ((vector 0 + vector 1) + vector 2) + vector 3, lane l (three vector adds).
+  template <class T> static void lanes8(float* out, const Row32& r) {
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(r.v[0], r.v[1]), r.v[2]), r.v[3]));
+  }
 };
 
 }  // namespace

@@ -227,16 +227,31 @@ struct Row32 {
     }
     return r;
   }
-  template <class T> static void store(float* out, const Row32& r) {
-    if constexpr (T::dtype == DType::bfloat16) {  // interleave even and odd back into element order
+  // Vectors 0 and 1, then 2 and 3, in element order (bf16: even and odd interleaved back).
+  template <class T> static void natural(const Row32& r, __m512& v01, __m512& v23) {
+    if constexpr (T::dtype == DType::bfloat16) {
       const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
       const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-      _mm512_storeu_ps(out, _mm512_permutex2var_ps(r.v[0], lo, r.v[1]));
-      _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(r.v[0], hi, r.v[1]));
+      v01 = _mm512_permutex2var_ps(r.v[0], lo, r.v[1]);
+      v23 = _mm512_permutex2var_ps(r.v[0], hi, r.v[1]);
     } else {
-      _mm512_storeu_ps(out, r.v[0]);
-      _mm512_storeu_ps(out + 16, r.v[1]);
+      v01 = r.v[0];
+      v23 = r.v[1];
     }
+  }
+  template <class T> static void store(float* out, const Row32& r) {
+    __m512 v01, v23;
+    natural<T>(r, v01, v23);
+    _mm512_storeu_ps(out, v01);
+    _mm512_storeu_ps(out + 16, v23);
+  }
+  // out[l] = ((vector 0 + vector 1) + vector 2) + vector 3, lane l (three 8-lane adds).
+  template <class T> static void lanes8(float* out, const Row32& r) {
+    __m512 v01, v23;
+    natural<T>(r, v01, v23);
+    const auto lo = [](__m512 v) { return _mm512_castps512_ps256(v); };
+    const auto hi = [](__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); };
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(lo(v01), hi(v01)), lo(v23)), hi(v23)));
   }
 };
 

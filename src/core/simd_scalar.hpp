@@ -45,6 +45,11 @@ struct Row32 {
     Row32 r; for (int i = 0; i < 32; ++i) { const float x = T::to_f32(p[i]); r.v[i] = x * x; } return r;
   }
   template <class T> static void store(float* out, const Row32& r) { for (int i = 0; i < 32; ++i) out[i] = r.v[i]; }
+  // out[l] = ((vector 0 + vector 1) + vector 2) + vector 3, lane l: torch's combination of its four
+  // ILP accumulators.
+  template <class T> static void lanes8(float* out, const Row32& r) {
+    for (int l = 0; l < 8; ++l) out[l] = ((r.v[l] + r.v[8 + l]) + r.v[16 + l]) + r.v[24 + l];
+  }
 };
 
 }  // namespace
