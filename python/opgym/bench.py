@@ -14,7 +14,8 @@ For every shape (the captured Qwen2.5-VL cases plus a size sweep) and thread cou
     compile         torch.compile of the HF module forward (Inductor's generated C++)
     basic_ops       opgym's unfused C++ golden (op by op, materialized intermediates; 1 thread)
 
-Each figure is the median of --samples samples, each sample a loop sized to about --sample-ms.
+Each figure is the median of --samples samples, each sample a loop sized to about --sample-ms; the
+samples of all implementations of a shape are taken round-robin, so a slow spell hits them alike.
 GB/s counts input bytes + output bytes; "% copy" is copy time / implementation time at the same
 shape and thread count. Results go to a table, CSV and JSON, and a PNG of GB/s against size.
 """
@@ -60,8 +61,8 @@ def _shapes(args):
     return out
 
 
-def _time(fn, samples: int, sample_ms: float) -> float:
-    """Median seconds per call."""
+def _calibrate(fn, sample_ms: float) -> int:
+    """Warms fn up and returns how many calls make a sample of about sample_ms."""
     fn()
     t0 = time.perf_counter()
     n = 0
@@ -69,14 +70,26 @@ def _time(fn, samples: int, sample_ms: float) -> float:
         fn()
         n += 1
     per = (time.perf_counter() - t0) / n
-    iters = max(1, int(sample_ms / 1e3 / max(per, 1e-9)))
-    res = []
+    return max(1, int(sample_ms / 1e3 / max(per, 1e-9)))
+
+
+def _time_interleaved(fns: dict, self_timed: dict, samples: int, sample_ms: float) -> dict:
+    """Median seconds per call of each implementation. `fns` are timed in a Python loop;
+    `self_timed` return their own seconds per call (a C++ loop). The samples are taken round-robin,
+    one sample of every implementation per round, so a slow spell of the machine (common on a VM
+    with busy neighbours) lands on all of them alike and the ratios of one run stay fair."""
+    iters = {name: _calibrate(fn, sample_ms) for name, fn in fns.items()}
+    res = {name: [] for name in list(fns) + list(self_timed)}
     for _ in range(samples):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        res.append((time.perf_counter() - t0) / iters)
-    return statistics.median(res)
+        for name, fn in fns.items():
+            n = iters[name]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            res[name].append((time.perf_counter() - t0) / n)
+        for name, fn in self_timed.items():
+            res[name].append(fn())
+    return {name: statistics.median(v) for name, v in res.items()}
 
 
 def run_bench(args) -> list[dict]:
@@ -127,19 +140,24 @@ def run_bench(args) -> list[dict]:
                 cf = compiled[key]
                 fns["compile"] = lambda: cf(x)
             row = {"shape": list(shape), "dtype": dtype_name, "label": label, "threads": nt, "bytes": nbytes}
+            loops, self_timed = {}, {}
+            for name in impls:
+                fn = fns.get(name)
+                if fn is None:
+                    continue
+                if name == "basic_ops" and (nt != 1 or x.numel() > (1 << 22)):
+                    continue  # single-threaded by design; very slow on the largest shapes
+                if isinstance(fn, tuple):  # the C++ API in a C++ loop: one sample per call, ns per call
+                    self_timed[name] = (lambda impl: lambda: 1e-9 * torch.ops.opgym.bench_core(
+                        x, w, 1e-6, impl, 1, args.sample_ms))(fn[1])
+                else:
+                    loops[name] = fn
             with torch.no_grad():
-                for name in impls:
-                    fn = fns.get(name)
-                    if fn is None:
-                        continue
-                    if name == "basic_ops" and (nt != 1 or x.numel() > (1 << 22)):
-                        continue  # single-threaded by design; very slow on the largest shapes
-                    if isinstance(fn, tuple):
-                        secs = torch.ops.opgym.bench_core(x, w, 1e-6, fn[1], args.samples, args.sample_ms) * 1e-9
-                    else:
-                        secs = _time(fn, args.samples, args.sample_ms)
-                    row[name + "_us"] = secs * 1e6
-                    row[name + "_gbs"] = nbytes / secs / 1e9
+                secs = _time_interleaved(loops, self_timed, args.samples, args.sample_ms)
+            for name in impls:
+                if name in secs:
+                    row[name + "_us"] = secs[name] * 1e6
+                    row[name + "_gbs"] = nbytes / secs[name] / 1e9
             if "copy_us" in row:
                 for name in impls:
                     if name + "_us" in row and not name.startswith("empty_like"):
@@ -221,11 +239,36 @@ def _report(rows, impls, out_dir: Path) -> None:
     print(f"wrote {out_dir / 'bench.csv'}, {out_dir / 'bench.json'}, {out_dir / 'bench.png'}")
 
 
+IMPLS = ("copy", "empty_like", "empty_like_ops", "opgym", "opgym_out", "opgym_cpp", "hf_eager", "F.rms_norm",
+         "compile", "basic_ops")
+
+
+def _check_args(args) -> str | None:
+    """The first bad argument, as a one-line message, or None."""
+    for t in args.threads.split(","):
+        t = t.strip()
+        if t != "all" and not (t.isdigit() and int(t) >= 1):
+            return f"--threads: expected a comma-separated list of counts >= 1 or 'all', got {args.threads!r}"
+    impls = [s.strip() for s in args.impls.split(",") if s.strip()]
+    unknown = [i for i in impls if i not in IMPLS]
+    if not impls or unknown:
+        return f"--impls: unknown {', '.join(unknown) or '(empty list)'}; expected some of {', '.join(IMPLS)}"
+    if args.samples < 1 or args.sample_ms <= 0:
+        return f"--samples must be >= 1 and --sample-ms > 0, got {args.samples} and {args.sample_ms}"
+    return None
+
+
 def main(args) -> int:
+    import sys
+
     import opgym
 
+    bad = _check_args(args)
+    if bad:
+        print(f"opgym bench: error: {bad}", file=sys.stderr)
+        return 2
     if not opgym.available():
-        print(f"opgym: error: the torch operators are not available: {opgym.load_error()}")
+        print(f"opgym bench: error: the torch operators are not available: {opgym.load_error()}", file=sys.stderr)
         return 2
     impls = [s.strip() for s in args.impls.split(",") if s.strip()]
     rows = run_bench(args)
