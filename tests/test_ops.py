@@ -233,6 +233,32 @@ def test_no_backward_is_explicit():
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
+def test_mutable_forms_refuse_autograd_and_bump_versions():
+    """rms_norm_out / rms_norm_ have no autograd: where a gradient would be needed they refuse at the
+    call (torch's fallback would let backward run through them silently wrong); without it they bump
+    the version counter of what they overwrite, so autograd still notices a saved tensor changing."""
+    x = torch.randn(3, 16, requires_grad=True)
+    w = torch.randn(16)
+    with pytest.raises(RuntimeError, match="opgym::rms_norm_out has no autograd"):
+        torch.ops.opgym.rms_norm_out(x, w, 1e-6, out=torch.empty(3, 16))
+    with pytest.raises(RuntimeError, match="opgym::rms_norm_ has no autograd"):
+        torch.ops.opgym.rms_norm_(x * 1, w, 1e-6)
+    with pytest.raises(RuntimeError, match="opgym::rms_norm_ has no autograd"):
+        torch.ops.opgym.rms_norm_(torch.randn(3, 16), w.clone().requires_grad_(), 1e-6)
+    with torch.no_grad():
+        a, out = torch.randn(3, 16), torch.empty(3, 16)
+        torch.ops.opgym.rms_norm_out(a, w, 1e-6, out=out)
+        assert out._version == 1 and a._version == 0
+        torch.ops.opgym.rms_norm_(a, w, 1e-6)
+        assert a._version == 1 and torch.equal(a, out)
+    b = x * 2
+    c = b.sin()  # saves b for backward
+    with torch.no_grad():
+        torch.ops.opgym.rms_norm_(b, w, 1e-6)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        c.sum().backward()
+
+
 def test_fake_and_meta():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

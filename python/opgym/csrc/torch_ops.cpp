@@ -134,18 +134,56 @@ class RmsNormNoBackward : public torch::autograd::Function<RmsNormNoBackward> {
   }
 };
 
-at::Tensor rms_norm_autograd(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
-                             bool weight_offset) {
-  // Inference (no_grad, or nothing requires grad): skip building an autograd node, which costs about
-  // as much as the whole decode-sized kernel.
+at::Tensor rms_norm_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& weight, double eps,
+                             c10::string_view mode, bool weight_offset) {
+  // Inference (no_grad, or nothing requires grad): no autograd node, and straight on to the kernel
+  // below autograd with the key set already computed (a fresh op.call would compute it again): this
+  // hop is a tenth of a decode-sized call.
   if (!at::GradMode::is_enabled() || (!x.requires_grad() && !weight.requires_grad())) {
-    at::AutoDispatchBelowADInplaceOrView guard;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("opgym::rms_norm", "")
                          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool)>();
-    return op.call(x, weight, eps, mode, weight_offset);
+    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, mode, weight_offset);
   }
   return RmsNormNoBackward::apply(x, weight, eps, std::string(mode.data(), mode.size()), weight_offset);
+}
+
+// The mutable forms have no autograd at all: where a gradient would be needed they refuse at once
+// (the fallback torch would otherwise use lets backward run through them silently wrong). Otherwise
+// straight on below autograd, and the version counter of the mutated tensor is bumped as for any
+// in-place or out= op (what torch's generated ADInplaceOrView kernels do), so autograd can still
+// tell that a tensor it saved was overwritten.
+bool grad_needed(std::initializer_list<const at::Tensor*> ts) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : ts)
+    if (t->requires_grad()) return true;
+  return false;
+}
+
+at::Tensor& rms_norm_out_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& weight, double eps,
+                                  c10::string_view mode, bool weight_offset, at::Tensor& out) {
+  TORCH_CHECK(!grad_needed({&x, &weight, &out}),
+              "opgym::rms_norm_out has no autograd (out= forms never do); call it under torch.no_grad(), or use the "
+              "module's own forward where gradients are needed");
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("opgym::rms_norm_out", "")
+                       .typed<at::Tensor&(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool, at::Tensor&)>();
+  op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, mode, weight_offset, out);
+  torch::autograd::impl::bump_version(out);
+  return out;
+}
+
+at::Tensor& rms_norm_inplace_autograd(c10::DispatchKeySet ks, at::Tensor& x, const at::Tensor& weight, double eps,
+                                      c10::string_view mode, bool weight_offset) {
+  TORCH_CHECK(!grad_needed({&x, &weight}),
+              "opgym::rms_norm_ has no autograd (an inference kernel); call it under torch.no_grad(), or use the "
+              "module's own forward where gradients are needed");
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("opgym::rms_norm_", "")
+                       .typed<at::Tensor&(at::Tensor&, const at::Tensor&, double, c10::string_view, bool)>();
+  op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, mode, weight_offset);
+  torch::autograd::impl::bump_version(x);
+  return x;
 }
 
 }  // namespace
@@ -172,6 +210,8 @@ TORCH_LIBRARY_IMPL(opgym, CPU, m) {
 
 TORCH_LIBRARY_IMPL(opgym, Autograd, m) {
   m.impl("rms_norm", &rms_norm_autograd);
+  m.impl("rms_norm_out", &rms_norm_out_autograd);
+  m.impl("rms_norm_", &rms_norm_inplace_autograd);
 }
 
 TORCH_LIBRARY_IMPL(opgym, Meta, m) {
