@@ -36,6 +36,15 @@ struct Simd {
   }
 };
 
+// sums[r] = ((tails[r] + lanes[r][0]) + lanes[r][1]) ... + lanes[r][7]: the end of torch's row sum.
+inline void finish_sums(int n, const float* tails, const float (*lanes)[8], float* sums) {
+  for (int r = 0; r < n; ++r) {
+    float t = tails[r];
+    for (int l = 0; l < 8; ++l) t += lanes[r][l];
+    sums[r] = t;
+  }
+}
+
 // Torch's sum order works on "ILP rows" of four 8-float vectors (32 elements, natural order).
 struct Row32 {
   float v[32];

@@ -60,8 +60,11 @@ inline int64_t ceil_log2(int64_t n) {
 
 // R rows of equal length at once: each row's adds stay in its own order, and the rows' independent
 // add chains fill the pipeline (one row alone has only two 16-lane chains on AVX-512).
+// Torch's last step, total = tail + lane 0 + ... + lane 7, is a chain of eight dependent adds per
+// row; it is left to finish_sums (simd_*.hpp), which runs it for eight rows at once after a
+// transpose. A row hands over its scalar tail sum and its 8 lanes (lanes[r], 32-byte aligned).
 template <class TX, int R, class Track>
-void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* track, float* sums) {
+void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* track, float* tails, float (*lanes)[8]) {
   constexpr int64_t kW = 8;
   auto sq = [&](int r, int64_t i) { const float v = TX::to_f32(x[r][i]); return v * v; };
   if (dim < kW) {  // scalar row_sum: 4 partials over whole quads, the rest into partial 0
@@ -72,7 +75,8 @@ void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* t
         for (int k = 0; k < 4; ++k) p[k] += sq(r, 4 * i + k);
       for (int64_t i = quads * 4; i < dim; ++i) p[0] += sq(r, i);
       track[r].track_partial(x[r], dim);
-      sums[r] = ((p[0] + p[1]) + p[2]) + p[3];
+      tails[r] = ((p[0] + p[1]) + p[2]) + p[3];
+      for (int l = 0; l < kW; ++l) lanes[r][l] = 0.0f;  // + 0 leaves a sum of squares (never -0) as it is
     }
     return;
   }
@@ -101,21 +105,21 @@ void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* t
   for (; i < rows; ++i) add_row(i);
   for (int r = 0; r < R; ++r) {
     for (int lev = 1; lev < 4; ++lev) acc[r][0] = Row32::add(acc[r][0], acc[r][lev]);
-    alignas(64) float ps[32];  // ps[8k + lane]: partial vector k; ps[0..7] end up the 8 lanes
     if (rows * 4 == vecs) {
-      Row32::template lanes8<TX>(ps, acc[r][0]);
+      Row32::template lanes8<TX>(lanes[r], acc[r][0]);
     } else {  // leftover whole vectors go into vector 0 first
+      alignas(64) float ps[32];  // ps[8k + lane]: partial vector k
       Row32::template store<TX>(ps, acc[r][0]);
       for (int64_t v = rows * 4; v < vecs; ++v)
         for (int l = 0; l < kW; ++l) ps[l] += sq(r, kW * v + l);
       for (int k = 1; k < 4; ++k)
         for (int l = 0; l < kW; ++l) ps[l] += ps[kW * k + l];
+      for (int l = 0; l < kW; ++l) lanes[r][l] = ps[l];
     }
-    float total = 0.f;
-    for (int64_t t = vecs * kW; t < dim; ++t) total += sq(r, t);
-    for (int l = 0; l < kW; ++l) total += ps[l];
+    float tail = 0.f;
+    for (int64_t t = vecs * kW; t < dim; ++t) tail += sq(r, t);
     if (rows * 32 < dim) track[r].track_partial(x[r] + rows * 32, dim - rows * 32);
-    sums[r] = total;
+    tails[r] = tail;
   }
 }
 
@@ -199,9 +203,11 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
     SO* outs[kRowBatch];
     for (int k = 0; k < n; ++k) row_ptrs(r0 + k, xs[k], outs[k]);
     if (job.torch_order) {
+      alignas(32) float tails[kRowBatch], lanes[kRowBatch][8];
       int k = 0;
-      for (; k + 2 <= n; k += 2) torch_order_sum<TX, 2>(xs + k, dim, track + k, sums + k);
-      if (k < n) torch_order_sum<TX, 1>(xs + k, dim, track + k, sums + k);
+      for (; k + 2 <= n; k += 2) torch_order_sum<TX, 2>(xs + k, dim, track + k, tails + k, lanes + k);
+      if (k < n) torch_order_sum<TX, 1>(xs + k, dim, track + k, tails + k, lanes + k);
+      finish_sums(n, tails, lanes, sums);
     } else {
       for (int k = 0; k < n; ++k) {
         const SX* x = xs[k];
