@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "core/storage.hpp"
 
@@ -83,6 +84,18 @@ struct Simd {
         else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 8 * k), h);
       }
     }
+  }
+  // The first n (< kGroup) elements of a group; the rest read as zero and are not written. Through a
+  // zero-padded scratch group here; the AVX-512 groups use masked loads and stores instead.
+  template <class T> static G load_n(const typename T::storage* p, int64_t n) {
+    alignas(64) typename T::storage buf[kGroup] = {};
+    std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(buf[0]));
+    return load<T>(buf);
+  }
+  template <class T> static void store_n(typename T::storage* p, const G& g, int64_t n) {
+    alignas(64) typename T::storage buf[kGroup];
+    store<T>(buf, g);
+    std::memcpy(p, buf, static_cast<size_t>(n) * sizeof(buf[0]));
   }
   template <class T> static G round_trip(const G& g) {
     if constexpr (T::dtype == DType::float32) {

@@ -11,6 +11,7 @@
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/storage.hpp"
@@ -89,6 +90,39 @@ struct Simd {
       }
     }
   }
+  // The first n (< kGroup) elements of a group by masked loads and stores: the other lanes read as
+  // zero, nothing past n is touched (a masked-off lane cannot fault).
+  static __mmask16 mask16(int64_t n, int k) {
+    const int64_t c = std::min<int64_t>(16, std::max<int64_t>(0, n - 16 * k));
+    return static_cast<__mmask16>((1u << c) - 1);
+  }
+  template <class T> static G load_n(const typename T::storage* p, int64_t n) {
+    G g;
+    for (int k = 0; k < kRegs; ++k) {
+      const __mmask16 m = mask16(n, k);
+      if constexpr (T::dtype == DType::float32) {
+        g.v[k] = _mm512_maskz_loadu_ps(m, p + 16 * k);
+      } else {
+        const __m256i h = _mm256_maskz_loadu_epi16(m, p + 16 * k);
+        if constexpr (T::dtype == DType::float16) g.v[k] = _mm512_cvtph_ps(h);
+        else g.v[k] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      }
+    }
+    return g;
+  }
+  template <class T> static void store_n(typename T::storage* p, const G& g, int64_t n) {
+    for (int k = 0; k < kRegs; ++k) {
+      const __mmask16 m = mask16(n, k);
+      if constexpr (T::dtype == DType::float32) {
+        _mm512_mask_storeu_ps(p + 16 * k, m, g.v[k]);
+      } else {
+        __m256i h;
+        if constexpr (T::dtype == DType::float16) h = _mm512_cvtps_ph(g.v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        else h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round_high(g.v[k]), 16));
+        _mm256_mask_storeu_epi16(p + 16 * k, m, h);
+      }
+    }
+  }
   template <class T> static G round_trip(const G& g) {
     if constexpr (T::dtype == DType::float32) {
       return g;
@@ -143,6 +177,15 @@ struct SimdBf16 {
     for (int h = 0; h < 2; ++h) split2(_mm512_loadu_si512(p + 32 * h), g.v[2 * h], g.v[2 * h + 1]);
     return g;
   }
+  static __mmask32 mask32(int64_t n, int h) {
+    const int64_t c = std::min<int64_t>(32, std::max<int64_t>(0, n - 32 * h));
+    return c == 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << c) - 1);
+  }
+  template <class T> static G load_n(const uint16_t* p, int64_t n) {  // first n < 64 elements, rest zero
+    G g;
+    for (int h = 0; h < 2; ++h) split2(_mm512_maskz_loadu_epi16(mask32(n, h), p + 32 * h), g.v[2 * h], g.v[2 * h + 1]);
+    return g;
+  }
   template <class T> static G round_trip(const G& g) {
     static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
     G r;
@@ -157,21 +200,25 @@ struct SimdBf16 {
     }
     return r;
   }
+  // 32 elements (vectors 2h and 2h + 1) rounded and interleaved back into element order.
+  static __m512i pack(const G& y, int h) {
+    if constexpr (kNative) {
+      // cvtne2ps(a, b): words 0..15 from b (even elements), 16..31 from a (odd); word q of the
+      // result goes to element 2q (q < 16) or 2(q - 16) + 1.
+      const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+      return _mm512_permutexvar_epi16(idx, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(y.v[2 * h + 1], y.v[2 * h])));
+    } else {  // exact: odd keeps its high half, even moves its high half down
+      return _mm512_or_si512(_mm512_srli_epi32(bf16_round_high(y.v[2 * h]), 16), bf16_round_high(y.v[2 * h + 1]));
+    }
+  }
   template <class T, bool kStream = false> static void store(uint16_t* p, const G& y) {
     static_assert(T::dtype == DType::bfloat16, "SimdBf16 holds bf16 only");
-    for (int h = 0; h < 2; ++h) {
-      __m512i packed;
-      if constexpr (kNative) {
-        // cvtne2ps(a, b): words 0..15 from b (even elements), 16..31 from a (odd); word q of the
-        // result goes to element 2q (q < 16) or 2(q - 16) + 1.
-        const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                             23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-        packed = _mm512_permutexvar_epi16(idx, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(y.v[2 * h + 1], y.v[2 * h])));
-      } else {  // exact: odd keeps its high half, even moves its high half down
-        packed = _mm512_or_si512(_mm512_srli_epi32(bf16_round_high(y.v[2 * h]), 16), bf16_round_high(y.v[2 * h + 1]));
-      }
-      store512<kStream>(p + 32 * h, packed);
-    }
+    for (int h = 0; h < 2; ++h) store512<kStream>(p + 32 * h, pack(y, h));
+  }
+  template <class T> static void store_n(uint16_t* p, const G& y, int64_t n) {  // first n < 64 elements
+    for (int h = 0; h < 2; ++h)
+      if (const __mmask32 m = mask32(n, h)) _mm512_mask_storeu_epi16(p + 32 * h, m, pack(y, h));
   }
 };
 

@@ -14,8 +14,9 @@
 //   square roots, then all scaling, so each row's serial fold/sqrt/divide latency overlaps the others.
 // - A Guard may prove a row safe for a faster, inexact-in-general conversion (AVX512-BF16); a row it
 //   cannot prove takes the exact path. NoGuard: the path's conversions are exact everywhere.
-// - A row's last partial group (dim not a multiple of 64) goes through a zero-padded stack buffer:
-//   zeros add nothing to the sum, and only the valid elements are copied out. No heap, no masks.
+// - A row's last partial group (dim not a multiple of 64) is read with the missing lanes as zero
+//   (zeros add nothing to the sum) and only its valid elements are written: masked loads and stores
+//   on AVX-512, a zero-padded stack group elsewhere (S::load_n / S::store_n). No heap.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -139,7 +140,6 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
   // Tail scratch, zero-padded; the weight tail is loaded once per call.
   alignas(64) SX xt[kG];
   alignas(64) SW wt[kG];
-  alignas(64) SO ot[kG];
   std::memset(wt, 0, sizeof wt);
   if (tail) std::memcpy(wt, w + body, tail * sizeof(SW));
 
@@ -176,8 +176,8 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
     using Sx = decltype(sx);
     constexpr bool kStream = decltype(stream)::value;
     const G ri = Sx::splat(rinv);
-    auto scale = [&](const SX* xp, int64_t i, const SW* wp) {
-      G h = Sx::mul(Sx::template load<TX>(xp), ri);
+    auto scale = [&](const G& xg, int64_t i, const SW* wp) {
+      G h = Sx::mul(xg, ri);
       if constexpr (kHf) h = Sx::template round_trip<TX>(h);
       return Sx::mul(wconv ? Sx::load_raw(wbuf + i) : weight_group(wp), h);
     };
@@ -185,13 +185,9 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
       if (next)
         for (int64_t b = 0; b < static_cast<int64_t>(kG * sizeof(SX)); b += 64)
           __builtin_prefetch(reinterpret_cast<const char*>(next + i) + b, 0, 3);
-      Sx::template store<TO, kStream>(out + i, scale(x + i, i, w + i));
+      Sx::template store<TO, kStream>(out + i, scale(Sx::template load<TX>(x + i), i, w + i));
     }
-    if (tail) {
-      load_tail(x);
-      Sx::template store<TO>(ot, scale(xt, body, wt));
-      std::memcpy(out + body, ot, tail * sizeof(SO));
-    }
+    if (tail) Sx::template store_n<TO>(out + body, scale(Sx::template load_n<TX>(x + body, tail), body, wt), tail);
   };
 
   float sums[kRowBatch], rinv[kRowBatch], xmin[kRowBatch];
