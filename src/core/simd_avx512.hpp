@@ -277,8 +277,8 @@ inline void finish_sums(int n, const float* tails, const float (*lanes)[8], floa
 }
 
 // Torch's sum order works on "ILP rows" of four 8-float vectors (32 elements); its adds are lane-wise,
-// so any fixed arrangement of the 32 lanes in two zmm gives the same sums, and only `store` has to
-// put them back (ps[8k + lane] = vector k). fp32/fp16 are held in natural order (v[0] = elements
+// so any fixed arrangement of the 32 lanes in two zmm gives the same sums, and only `lanes8` has to
+// put them back in order (vector k = elements 8k .. 8k + 7). fp32/fp16 are held in natural order (v[0] = elements
 // 0..15). bf16 is held even/odd: one 64-byte load of 32 bf16 read as 16 dwords gives the even
 // elements by a shift and the odd ones by a mask (2 instructions per 32 elements instead of 4, and
 // no shuffle-port work), so v[0] lane j = element 2j, v[1] lane j = element 2j + 1.
@@ -316,19 +316,23 @@ struct Row32 {
       v23 = r.v[1];
     }
   }
-  template <class T> static void store(float* out, const Row32& r) {
-    __m512 v01, v23;
-    natural<T>(r, v01, v23);
-    _mm512_storeu_ps(out, v01);
-    _mm512_storeu_ps(out + 16, v23);
-  }
-  // out[l] = ((vector 0 + vector 1) + vector 2) + vector 3, lane l (three 8-lane adds).
-  template <class T> static void lanes8(float* out, const Row32& r) {
+  // Torch's end of the vector part of a row: the squares of `extra` (0..3) leftover whole 8-element
+  // vectors at p are added into vector 0 in order, then out[l] = ((vector 0 + vector 1) + vector 2)
+  // + vector 3, lane l (8-lane adds).
+  template <class T> static void lanes8(float* out, const Row32& r, const typename T::storage* p = nullptr, int64_t extra = 0) {
     __m512 v01, v23;
     natural<T>(r, v01, v23);
     const auto lo = [](__m512 v) { return _mm512_castps512_ps256(v); };
     const auto hi = [](__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); };
-    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(lo(v01), hi(v01)), lo(v23)), hi(v23)));
+    __m256 v0 = lo(v01);
+    for (int64_t e = 0; e < extra; ++e) {
+      __m256 x;
+      if constexpr (T::dtype == DType::float32) x = _mm256_loadu_ps(p + 8 * e);
+      else if constexpr (T::dtype == DType::float16) x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * e)));
+      else x = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * e))), 16));
+      v0 = _mm256_add_ps(v0, _mm256_mul_ps(x, x));
+    }
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v0, hi(v01)), lo(v23)), hi(v23)));
   }
 };
 

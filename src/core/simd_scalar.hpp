@@ -66,11 +66,18 @@ struct Row32 {
   template <class T> static Row32 squares(const typename T::storage* p) {
     Row32 r; for (int i = 0; i < 32; ++i) { const float x = T::to_f32(p[i]); r.v[i] = x * x; } return r;
   }
-  template <class T> static void store(float* out, const Row32& r) { for (int i = 0; i < 32; ++i) out[i] = r.v[i]; }
   // out[l] = ((vector 0 + vector 1) + vector 2) + vector 3, lane l: torch's combination of its four
   // ILP accumulators.
-  template <class T> static void lanes8(float* out, const Row32& r) {
-    for (int l = 0; l < 8; ++l) out[l] = ((r.v[l] + r.v[8 + l]) + r.v[16 + l]) + r.v[24 + l];
+  // With `extra` (0..3) leftover whole vectors at p: their squares go into vector 0 first, in order.
+  template <class T> static void lanes8(float* out, const Row32& r, const typename T::storage* p = nullptr, int64_t extra = 0) {
+    for (int l = 0; l < 8; ++l) {
+      float v0 = r.v[l];
+      for (int64_t e = 0; e < extra; ++e) {
+        const float x = T::to_f32(p[8 * e + l]);
+        v0 += x * x;
+      }
+      out[l] = ((v0 + r.v[8 + l]) + r.v[16 + l]) + r.v[24 + l];
+    }
   }
 };
 

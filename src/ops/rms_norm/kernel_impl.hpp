@@ -106,17 +106,8 @@ void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* t
   for (; i < rows; ++i) add_row(i);
   for (int r = 0; r < R; ++r) {
     for (int lev = 1; lev < 4; ++lev) acc[r][0] = Row32::add(acc[r][0], acc[r][lev]);
-    if (rows * 4 == vecs) {
-      Row32::template lanes8<TX>(lanes[r], acc[r][0]);
-    } else {  // leftover whole vectors go into vector 0 first
-      alignas(64) float ps[32];  // ps[8k + lane]: partial vector k
-      Row32::template store<TX>(ps, acc[r][0]);
-      for (int64_t v = rows * 4; v < vecs; ++v)
-        for (int l = 0; l < kW; ++l) ps[l] += sq(r, kW * v + l);
-      for (int k = 1; k < 4; ++k)
-        for (int l = 0; l < kW; ++l) ps[l] += ps[kW * k + l];
-      for (int l = 0; l < kW; ++l) lanes[r][l] = ps[l];
-    }
+    // leftover whole vectors (vecs not a multiple of 4) go into vector 0 first
+    Row32::template lanes8<TX>(lanes[r], acc[r][0], x[r] + rows * 32, vecs - rows * 4);
     float tail = 0.f;
     for (int64_t t = vecs * kW; t < dim; ++t) tail += sq(r, t);
     if (rows * 32 < dim) track[r].track_partial(x[r] + rows * 32, dim - rows * 32);
