@@ -105,6 +105,15 @@ def run_bench(args) -> list[dict]:
     has_cpp = hasattr(torch.ops.opgym, "bench_core")
     rows = []
     compiled, modules = {}, {}
+    if "compile" in impls:
+        # Every (dtype, rank, width) is a new compile of the same forward's code object; past dynamo's
+        # default of 8 per code object it would silently run the rest eagerly and the "compile"
+        # column would time HF eager instead.
+        import torch._dynamo
+
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
     for nt in threads:
         torch.set_num_threads(nt)
         for shape, dtype_name, label in _shapes(args):
