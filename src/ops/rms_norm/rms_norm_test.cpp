@@ -238,9 +238,10 @@ TEST(RmsNorm, Bf16FastPathFallsBackWhereHardwareRoundingWouldDiffer) {
 }
 
 // The edge of that proof: an h whose fp32 value is subnormal but whose bf16 rounding is the smallest
-// normal. Row of 64: 62 ones, one 1.0078125 and t = 127 * 2^-133 (a subnormal bf16), so that
-// r = 1/sqrt(mean) ~ 1.00778 and t * r ~ 127.99 * 2^-133: fp32 subnormal, bf16(h) = 2^-126. HF gives
-// y = w * 2^-126; a conversion that treats subnormal inputs as zero (AVX512-BF16 does) gives 0.
+// normal. Row of 64: 62 ones, one 1.171875 and t = 127 * 2^-133 (a subnormal bf16), so that
+// r = 1/sqrt(mean) ~ 1.00513 and h = t * r ~ 0.99708 * 2^-126: fp32 subnormal, bf16(h) = 2^-126 and
+// HF gives y = w * 2^-126. Taken the fast way, Veltkamp's split (inexact on subnormals) would give a
+// subnormal h' and the store would flush y to 0 (checked: the test fails without the guard's check).
 TEST(RmsNorm, Bf16FastPathRefusesASubnormalHThatRoundsToNormal) {
   if (!cpu_supports(CpuIsa::avx512)) GTEST_SKIP() << "no AVX-512";
   set_cpu_isa(CpuIsa::avx512);
@@ -251,7 +252,7 @@ TEST(RmsNorm, Bf16FastPathRefusesASubnormalHThatRoundsToNormal) {
   for (int64_t i = 0; i < dim; ++i) ws[i] = f32_to_bf16(1.0f);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < dim; ++i) xs[r * dim + i] = f32_to_bf16(1.0f);
-    xs[r * dim + 5] = f32_to_bf16(1.0078125f);
+    xs[r * dim + 5] = f32_to_bf16(1.171875f);
     xs[r * dim + 40] = 127;  // 127 * 2^-133
   }
   Buffer want = cases::make_buffer({rows, dim}, DType::bfloat16), got = want;
