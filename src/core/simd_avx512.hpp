@@ -340,9 +340,9 @@ struct Row32 {
 // squares) and finite weights there is no NaN, and with min|h| = bf16(fp32(min|x| * r)) >= 2^-126 and
 // min|h| * min|w| >= 2^-126 (smallest nonzero magnitudes; rounding is monotonic) no h or y is
 // subnormal. A row that fails takes the exact integer rounding.
-// The bound Veltkamp's split needs, |h| <= 2^100, holds for every row with a finite r: if x^2 is a
-// normal fp32 the sum of squares is at least fl(x^2), so |h| = |x| r <= sqrt(dim) (1 + 2^-21); else
-// |x| < 2^-63 and |h| < 2^-63 * 2^128.
+// The bound Veltkamp's split needs, |h| <= 2^100, holds for every row with a finite r (< 2^128):
+// |h| > 2^100 would need |x| > 2^-28, but then x^2 > 2^-56, the sum of squares is at least fl(x^2) and
+// its mean is normal, so |h| = |x| r <= sqrt(dim) (1 + 2^-21) < 2^33.
 struct Bf16Guard {
   static constexpr bool kActive = true;
   bool weight_ok = false;
@@ -362,8 +362,10 @@ struct Bf16Guard {
     void add(__m512i raw) { min_abs = _mm512_min_epu16(min_abs, _mm512_and_si512(raw, _mm512_set1_epi16(0x7fff))); }
     void track32(const uint16_t* x) { add(_mm512_loadu_si512(x)); }
     void track(const uint16_t* x) { track32(x), track32(x + 32); }  // a group of 64
-    void track_partial(const uint16_t* x, int64_t n) {  // n <= 32; missing lanes read as zero (skipped)
-      add(_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << n) - 1), x));
+    void track_partial(const uint16_t* x, int64_t n) {  // n <= 32; the other lanes keep their minimum
+      const __mmask32 m = static_cast<__mmask32>((1ull << n) - 1);
+      const __m512i a = _mm512_and_si512(_mm512_maskz_loadu_epi16(m, x), _mm512_set1_epi16(0x7fff));
+      min_abs = _mm512_mask_min_epu16(min_abs, m, min_abs, a);
     }
     // Smallest nonzero |x| of the row. The cheap minimum counts zeros; only a row holding a zero is
     // scanned again (it is in L1) with zeros skipped.
@@ -378,8 +380,9 @@ struct Bf16Guard {
     }
   };
   // In hf mode the smallest nonzero h must be normal already in fp32, not only after rounding to
-  // bf16: the hardware conversion reads a subnormal input as zero, so an h just below 2^-126 that
-  // rounds up to 2^-126 would come out 0 (tested).
+  // bf16: Veltkamp's split is not the bf16 rounding of a subnormal h (0x007fbfff gives 0x007f8000,
+  // where bf16 rounding gives 2^-126), and the store's VCVTNE2PS2BF16 then flushes the subnormal y
+  // to 0 (tested with such a row).
   bool fast(float sum, float rinv, float xmin, bool hf) const {
     if (!weight_ok || !(sum <= 3.4e38f) || !(rinv <= 3.4e38f)) return false;
     if (xmin == 0.0f || w_min == 0.0f) return true;  // all-zero x or w: products are exact zeros
