@@ -251,12 +251,17 @@ def test_mutable_forms_refuse_autograd_and_bump_versions():
         assert out._version == 1 and a._version == 0
         torch.ops.opgym.rms_norm_(a, w, 1e-6)
         assert a._version == 1 and torch.equal(a, out)
-    b = x * 2
-    c = b.sin()  # saves b for backward
-    with torch.no_grad():
-        torch.ops.opgym.rms_norm_(b, w, 1e-6)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        c.sum().backward()
+    with torch.inference_mode():  # a normal tensor overwritten in inference mode is bumped too
+        torch.ops.opgym.rms_norm_out(a, w, 1e-6, out=out)
+        torch.ops.opgym.rms_norm_(a, w, 1e-6)
+        assert out._version == 2 and a._version == 2
+    for context in (torch.no_grad, torch.inference_mode):
+        b = x * 2
+        c = b.sin()  # saves b for backward
+        with context():
+            torch.ops.opgym.rms_norm_(b, w, 1e-6)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            c.sum().backward()
 
 
 def test_fake_and_meta():

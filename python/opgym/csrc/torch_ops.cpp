@@ -148,11 +148,12 @@ at::Tensor rms_norm_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const 
   return RmsNormNoBackward::apply(x, weight, eps, std::string(mode.data(), mode.size()), weight_offset);
 }
 
-// The mutable forms have no autograd at all: where a gradient would be needed they refuse at once
-// (the fallback torch would otherwise use lets backward run through them silently wrong). Otherwise
-// straight on below autograd, and the version counter of the mutated tensor is bumped as for any
-// in-place or out= op (what torch's generated ADInplaceOrView kernels do), so autograd can still
-// tell that a tensor it saved was overwritten.
+// The mutable forms have no autograd at all: where a gradient would be needed their Autograd
+// kernels refuse at once (the fallback torch would otherwise use lets backward run through them
+// silently wrong), else they go on below autograd. Their ADInplaceOrView kernels bump the version
+// counter of the tensor they overwrite, as torch's own in-place and out= ops do, so autograd can tell
+// that a tensor it saved was overwritten; that key is in every normal tensor's key set, so this holds
+// under no_grad and inference_mode too (inference tensors have no version counter and skip it).
 bool grad_needed(std::initializer_list<const at::Tensor*> ts) {
   if (!at::GradMode::is_enabled()) return false;
   for (const at::Tensor* t : ts)
@@ -160,17 +161,24 @@ bool grad_needed(std::initializer_list<const at::Tensor*> ts) {
   return false;
 }
 
+using OutFn = at::Tensor&(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool, at::Tensor&);
+using InplaceFn = at::Tensor&(at::Tensor&, const at::Tensor&, double, c10::string_view, bool);
+
+c10::TypedOperatorHandle<OutFn>& out_op() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rms_norm_out", "").typed<OutFn>();
+  return op;
+}
+c10::TypedOperatorHandle<InplaceFn>& inplace_op() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rms_norm_", "").typed<InplaceFn>();
+  return op;
+}
+
 at::Tensor& rms_norm_out_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& weight, double eps,
                                   c10::string_view mode, bool weight_offset, at::Tensor& out) {
   TORCH_CHECK(!grad_needed({&x, &weight, &out}),
               "opgym::rms_norm_out has no autograd (out= forms never do); call it under torch.no_grad(), or use the "
               "module's own forward where gradients are needed");
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("opgym::rms_norm_out", "")
-                       .typed<at::Tensor&(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool, at::Tensor&)>();
-  op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, mode, weight_offset, out);
-  torch::autograd::impl::bump_version(out);
-  return out;
+  return out_op().redispatch(ks & c10::after_autograd_keyset, x, weight, eps, mode, weight_offset, out);
 }
 
 at::Tensor& rms_norm_inplace_autograd(c10::DispatchKeySet ks, at::Tensor& x, const at::Tensor& weight, double eps,
@@ -178,10 +186,19 @@ at::Tensor& rms_norm_inplace_autograd(c10::DispatchKeySet ks, at::Tensor& x, con
   TORCH_CHECK(!grad_needed({&x, &weight}),
               "opgym::rms_norm_ has no autograd (an inference kernel); call it under torch.no_grad(), or use the "
               "module's own forward where gradients are needed");
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("opgym::rms_norm_", "")
-                       .typed<at::Tensor&(at::Tensor&, const at::Tensor&, double, c10::string_view, bool)>();
-  op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, mode, weight_offset);
+  return inplace_op().redispatch(ks & c10::after_autograd_keyset, x, weight, eps, mode, weight_offset);
+}
+
+at::Tensor& rms_norm_out_inplace_or_view(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& weight,
+                                         double eps, c10::string_view mode, bool weight_offset, at::Tensor& out) {
+  out_op().redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, mode, weight_offset, out);
+  torch::autograd::impl::bump_version(out);
+  return out;
+}
+
+at::Tensor& rms_norm_inplace_inplace_or_view(c10::DispatchKeySet ks, at::Tensor& x, const at::Tensor& weight, double eps,
+                                             c10::string_view mode, bool weight_offset) {
+  inplace_op().redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, mode, weight_offset);
   torch::autograd::impl::bump_version(x);
   return x;
 }
@@ -212,6 +229,11 @@ TORCH_LIBRARY_IMPL(opgym, Autograd, m) {
   m.impl("rms_norm", &rms_norm_autograd);
   m.impl("rms_norm_out", &rms_norm_out_autograd);
   m.impl("rms_norm_", &rms_norm_inplace_autograd);
+}
+
+TORCH_LIBRARY_IMPL(opgym, ADInplaceOrView, m) {
+  m.impl("rms_norm_out", &rms_norm_out_inplace_or_view);
+  m.impl("rms_norm_", &rms_norm_inplace_inplace_or_view);
 }
 
 TORCH_LIBRARY_IMPL(opgym, Meta, m) {
