@@ -92,7 +92,8 @@ RmsNormPlan make_plan(const TensorView& x, DType weight_dtype, int threads) {
   const bool all_bf16 = x.dtype == DType::bfloat16 && weight_dtype == DType::bfloat16;
   if (p.isa == CpuIsa::avx512 && all_bf16)
     p.conversions = detail::native_bf16_enabled()
-                        ? "bf16 even/odd lanes; AVX512-BF16 on rows proven free of NaN/subnormal results, exact integer rounding otherwise"
+                        ? "bf16 even/odd lanes; rows proven free of NaN/subnormal results round h by Veltkamp's split "
+                          "and y by AVX512-BF16, other rows by exact integer rounding"
                         : "bf16 even/odd lanes; exact integer rounding";
   else if (p.isa == CpuIsa::scalar)
     p.conversions = "scalar, bit-exact with torch";
