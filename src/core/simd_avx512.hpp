@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/simd_avx_common.hpp"
 #include "core/storage.hpp"
 
 namespace opgym {
@@ -245,36 +246,6 @@ struct Bf16Range {
     return static_cast<uint16_t>(~reduce_min(_mm512_xor_si512(max2, _mm512_set1_epi16(-1)))) < (0x7f80 << 1);
   }
 };
-
-// sums[r] = ((tails[r] + lanes[r][0]) + lanes[r][1]) ... + lanes[r][7]: the end of torch's row sum,
-// eight rows at a time: an 8x8 transpose turns eight rows' lanes into eight columns, and eight vector
-// adds run the eight chains side by side (the same adds in the same order, per row).
-inline void finish_sums(int n, const float* tails, const float (*lanes)[8], float* sums) {
-  int r = 0;
-  for (; r + 8 <= n; r += 8) {
-    __m256 a[8], b[8];
-    for (int k = 0; k < 8; ++k) a[k] = _mm256_load_ps(lanes[r + k]);
-    for (int k = 0; k < 8; k += 2) {
-      b[k] = _mm256_unpacklo_ps(a[k], a[k + 1]);
-      b[k + 1] = _mm256_unpackhi_ps(a[k], a[k + 1]);
-    }
-    for (int k = 0; k < 8; k += 4) {
-      a[k] = _mm256_shuffle_ps(b[k], b[k + 2], 0x44);
-      a[k + 1] = _mm256_shuffle_ps(b[k], b[k + 2], 0xee);
-      a[k + 2] = _mm256_shuffle_ps(b[k + 1], b[k + 3], 0x44);
-      a[k + 3] = _mm256_shuffle_ps(b[k + 1], b[k + 3], 0xee);
-    }
-    __m256 t = _mm256_loadu_ps(tails + r);
-    for (int l = 0; l < 4; ++l) t = _mm256_add_ps(t, _mm256_permute2f128_ps(a[l], a[l + 4], 0x20));
-    for (int l = 0; l < 4; ++l) t = _mm256_add_ps(t, _mm256_permute2f128_ps(a[l], a[l + 4], 0x31));
-    _mm256_storeu_ps(sums + r, t);
-  }
-  for (; r < n; ++r) {
-    float t = tails[r];
-    for (int l = 0; l < 8; ++l) t += lanes[r][l];
-    sums[r] = t;
-  }
-}
 
 // Torch's sum order works on "ILP rows" of four 8-float vectors (32 elements); its adds are lane-wise,
 // so any fixed arrangement of the 32 lanes in two zmm gives the same sums, and only `lanes8` has to
