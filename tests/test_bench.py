@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 def test_quick_bench_writes_a_consistent_report(tmp_path, capsys):
     from opgym import cli
 
-    impls = "copy,opgym,opgym_out,opgym_cpp,hf_eager"
+    impls = "copy,opgym,opgym_out,opgym_cpp,opgym_dispatch,hf_eager"
     code = cli.main(["bench", "--quick", "--cases", "../cases/qwen2_5_vl_3b/rms_norm.json", "--threads", "1",
                      "--impls", impls, "--samples", "2", "--sample-ms", "1", "--out-dir", str(tmp_path)])
     assert code == 0

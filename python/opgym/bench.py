@@ -9,6 +9,8 @@ For every shape (the captured Qwen2.5-VL cases plus a size sweep) and thread cou
     opgym           torch.ops.opgym.rms_norm (functional: allocates the output)
     opgym_out       torch.ops.opgym.rms_norm_out into a preallocated output
     opgym_cpp       the C++ API called directly in a loop (no dispatcher, no allocation)
+    opgym_dispatch  the functional operator through torch's dispatcher from a C++ loop (autograd hop,
+                    checks, allocation, kernel): a torch.ops call without its Python side
     hf_eager        transformers' own RMSNorm module forward (eight ops, eight dispatches)
     F.rms_norm      torch.nn.functional.rms_norm (torch's own fused op; fp32 statistics)
     compile         torch.compile of the HF module forward (Inductor's generated C++)
@@ -37,7 +39,7 @@ DEFAULT_CASES = "cases/qwen2_5_vl_3b/rms_norm.json"  # relative to the repositor
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", default=str(DEFAULT_CASES), help="gym case file whose shapes are benchmarked")
     p.add_argument("--threads", default="1,all", help="thread counts, e.g. 1,all or 2 (default 1,all)")
-    p.add_argument("--impls", default="copy,empty_like,empty_like_ops,opgym,opgym_out,opgym_cpp,hf_eager,F.rms_norm,compile,basic_ops",
+    p.add_argument("--impls", default="copy,empty_like,empty_like_ops,opgym,opgym_out,opgym_cpp,opgym_dispatch,hf_eager,F.rms_norm,compile,basic_ops",
                    help="comma-separated implementations to time")
     p.add_argument("--quick", action="store_true", help="captured shapes and a short sweep only")
     p.add_argument("--samples", type=int, default=5)
@@ -141,6 +143,7 @@ def run_bench(args) -> list[dict]:
             }
             if has_cpp:
                 fns["opgym_cpp"] = ("cpp", "fused")
+                fns["opgym_dispatch"] = ("cpp", "dispatch")
                 fns["basic_ops"] = ("cpp", "basic_ops")
             if "compile" in impls:
                 key = (dtype_name, len(shape), shape[-1])
@@ -258,8 +261,8 @@ def _report(rows, impls, out_dir: Path) -> None:
     print(f"wrote {out_dir / 'bench.csv'}, {out_dir / 'bench.json'}, {out_dir / 'bench.png'}")
 
 
-IMPLS = ("copy", "empty_like", "empty_like_ops", "opgym", "opgym_out", "opgym_cpp", "hf_eager", "F.rms_norm",
-         "compile", "basic_ops")
+IMPLS = ("copy", "empty_like", "empty_like_ops", "opgym", "opgym_out", "opgym_cpp", "opgym_dispatch", "hf_eager",
+         "F.rms_norm", "compile", "basic_ops")
 
 
 def _check_args(args) -> str | None:

@@ -248,17 +248,24 @@ namespace {
 double bench_core(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view impl, int64_t samples,
                   double sample_ms) {
   TORCH_CHECK_VALUE(x.device().is_cpu() && weight.device().is_cpu(), "opgym::bench_core: CPU tensors only");
-  TORCH_CHECK_VALUE(impl == "fused" || impl == "basic_ops", "opgym::bench_core: impl must be fused or basic_ops");
+  TORCH_CHECK_VALUE(impl == "fused" || impl == "basic_ops" || impl == "dispatch",
+                    "opgym::bench_core: impl must be fused, basic_ops or dispatch");
   TORCH_CHECK_VALUE(samples >= 1 && sample_ms > 0, "opgym::bench_core: samples >= 1 and sample_ms > 0");
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::promote_types(weight.scalar_type(), x.scalar_type())));
   const opgym::TensorView xv = view_of(xc), wv = view_of(weight), ov = view_of(out);
   opgym::RmsNormOptions opt;
   opt.eps = eps;
-  const bool fused = impl == "fused";
+  // dispatch: the functional operator through torch's dispatcher from C++ (autograd hop, checks,
+  // allocation, the kernel): what a torch.ops call costs without the Python side.
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("opgym::rms_norm", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool)>();
+  const int kind = impl == "fused" ? 0 : impl == "basic_ops" ? 1 : 2;
   auto once = [&] {
-    if (fused) opgym::rms_norm(xv, wv, ov, opt, &aten_executor());
-    else opgym::reference::rms_norm_basic_ops(xv, wv, ov, opt);
+    if (kind == 0) opgym::rms_norm(xv, wv, ov, opt, &aten_executor());
+    else if (kind == 1) opgym::reference::rms_norm_basic_ops(xv, wv, ov, opt);
+    else op.call(xc, weight, eps, "hf", false);
   };
   using clock = std::chrono::steady_clock;
   once();
