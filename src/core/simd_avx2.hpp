@@ -4,7 +4,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "core/simd_avx_common.hpp"
 #include "core/storage.hpp"
@@ -86,18 +85,9 @@ struct Simd {
       }
     }
   }
-  // The first n (< kGroup) elements of a group; the rest read as zero and are not written. Through a
-  // zero-padded scratch group here; the AVX-512 groups use masked loads and stores instead.
-  template <class T> static G load_n(const typename T::storage* p, int64_t n) {
-    alignas(64) typename T::storage buf[kGroup] = {};
-    std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(buf[0]));
-    return load<T>(buf);
-  }
-  template <class T> static void store_n(typename T::storage* p, const G& g, int64_t n) {
-    alignas(64) typename T::storage buf[kGroup];
-    store<T>(buf, g);
-    std::memcpy(p, buf, static_cast<size_t>(n) * sizeof(buf[0]));
-  }
+  // The first n (< kGroup) elements of a group (the AVX-512 groups use masked loads and stores).
+  template <class T> static G load_n(const typename T::storage* p, int64_t n) { return load_n_padded<Simd, T>(p, n); }
+  template <class T> static void store_n(typename T::storage* p, const G& g, int64_t n) { store_n_padded<Simd, T>(p, g, n); }
   template <class T> static G round_trip(const G& g) {
     if constexpr (T::dtype == DType::float32) {
       return g;

@@ -3,7 +3,6 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "core/convert.hpp"
 #include "core/storage.hpp"
@@ -32,18 +31,9 @@ struct Simd {
   template <class T, bool kStream = false> static void store(typename T::storage* p, const G& g) {
     for (int i = 0; i < kGroup; ++i) p[i] = T::from_f32(g.v[i]);
   }
-  // The first n (< kGroup) elements of a group; the rest read as zero and are not written. Through a
-  // zero-padded scratch group here; the AVX-512 groups use masked loads and stores instead.
-  template <class T> static G load_n(const typename T::storage* p, int64_t n) {
-    alignas(64) typename T::storage buf[kGroup] = {};
-    std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(buf[0]));
-    return load<T>(buf);
-  }
-  template <class T> static void store_n(typename T::storage* p, const G& g, int64_t n) {
-    alignas(64) typename T::storage buf[kGroup];
-    store<T>(buf, g);
-    std::memcpy(p, buf, static_cast<size_t>(n) * sizeof(buf[0]));
-  }
+  // The first n (< kGroup) elements of a group (the AVX-512 groups use masked loads and stores).
+  template <class T> static G load_n(const typename T::storage* p, int64_t n) { return load_n_padded<Simd, T>(p, n); }
+  template <class T> static void store_n(typename T::storage* p, const G& g, int64_t n) { store_n_padded<Simd, T>(p, g, n); }
   template <class T> static G round_trip(const G& g) {
     G r; for (int i = 0; i < kGroup; ++i) r.v[i] = T::to_f32(T::from_f32(g.v[i])); return r;
   }

@@ -1,6 +1,8 @@
 // Storage tags: how each dtype is held in memory and converted to and from fp32 (scalar form).
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "core/convert.hpp"
 #include "opgym/dtype.hpp"
@@ -34,6 +36,19 @@ template <class Fn> decltype(auto) with_storage(DType t, Fn&& fn) {
     case DType::bfloat16: return fn(BF16{});
     default: return fn(F32{});
   }
+}
+
+// The first n (< S::kGroup) elements of a group through a zero-padded scratch group: the rest read
+// as zero and are not written. For groups without masked loads and stores (scalar, AVX2).
+template <class S, class T> typename S::G load_n_padded(const typename T::storage* p, int64_t n) {
+  alignas(64) typename T::storage buf[S::kGroup] = {};
+  std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(buf[0]));
+  return S::template load<T>(buf);
+}
+template <class S, class T> void store_n_padded(typename T::storage* p, const typename S::G& g, int64_t n) {
+  alignas(64) typename T::storage buf[S::kGroup];
+  S::template store<T>(buf, g);
+  std::memcpy(p, buf, static_cast<size_t>(n) * sizeof(buf[0]));
 }
 
 }  // namespace
