@@ -116,15 +116,30 @@ at::Tensor& rms_norm_inplace_meta(at::Tensor& x, const at::Tensor& weight, doubl
 
 // ---- Autograd: no formula; backward raises a clear error ---------------------------------------
 
+// The three operators' handles, looked up once.
+using FunctionalFn = at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool);
+using OutFn = at::Tensor&(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool, at::Tensor&);
+using InplaceFn = at::Tensor&(at::Tensor&, const at::Tensor&, double, c10::string_view, bool);
+
+c10::TypedOperatorHandle<FunctionalFn>& functional_op() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rms_norm", "").typed<FunctionalFn>();
+  return op;
+}
+c10::TypedOperatorHandle<OutFn>& out_op() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rms_norm_out", "").typed<OutFn>();
+  return op;
+}
+c10::TypedOperatorHandle<InplaceFn>& inplace_op() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rms_norm_", "").typed<InplaceFn>();
+  return op;
+}
+
 class RmsNormNoBackward : public torch::autograd::Function<RmsNormNoBackward> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& x, const at::Tensor& weight,
                             double eps, const std::string& mode, bool weight_offset) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("opgym::rms_norm", "")
-                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool)>();
-    return op.call(x, weight, eps, mode, weight_offset);
+    return functional_op().call(x, weight, eps, mode, weight_offset);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
                                                  torch::autograd::variable_list /*grads*/) {
@@ -140,10 +155,7 @@ at::Tensor rms_norm_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const 
   // below autograd with the key set already computed (a fresh op.call would compute it again): this
   // hop is a tenth of a decode-sized call.
   if (!at::GradMode::is_enabled() || (!x.requires_grad() && !weight.requires_grad())) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("opgym::rms_norm", "")
-                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool)>();
-    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, mode, weight_offset);
+    return functional_op().redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, mode, weight_offset);
   }
   return RmsNormNoBackward::apply(x, weight, eps, std::string(mode.data(), mode.size()), weight_offset);
 }
@@ -159,18 +171,6 @@ bool grad_needed(std::initializer_list<const at::Tensor*> ts) {
   for (const at::Tensor* t : ts)
     if (t->requires_grad()) return true;
   return false;
-}
-
-using OutFn = at::Tensor&(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool, at::Tensor&);
-using InplaceFn = at::Tensor&(at::Tensor&, const at::Tensor&, double, c10::string_view, bool);
-
-c10::TypedOperatorHandle<OutFn>& out_op() {
-  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rms_norm_out", "").typed<OutFn>();
-  return op;
-}
-c10::TypedOperatorHandle<InplaceFn>& inplace_op() {
-  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rms_norm_", "").typed<InplaceFn>();
-  return op;
 }
 
 at::Tensor& rms_norm_out_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& weight, double eps,
@@ -258,9 +258,7 @@ double bench_core(const at::Tensor& x, const at::Tensor& weight, double eps, c10
   opt.eps = eps;
   // dispatch: the functional operator through torch's dispatcher from C++ (autograd hop, checks,
   // allocation, the kernel): what a torch.ops call costs without the Python side.
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("opgym::rms_norm", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool)>();
+  auto& op = functional_op();
   const int kind = impl == "fused" ? 0 : impl == "basic_ops" ? 1 : 2;
   auto once = [&] {
     if (kind == 0) opgym::rms_norm(xv, wv, ov, opt, &aten_executor());
