@@ -126,14 +126,7 @@ struct Row32 {
   // out[l] = ((vector 0 + vector 1) + vector 2) + vector 3, lane l (three vector adds).
   // With `extra` (0..3) leftover whole vectors at p: their squares go into vector 0 first, in order.
   template <class T> static void lanes8(float* out, const Row32& r, const typename T::storage* p = nullptr, int64_t extra = 0) {
-    __m256 v0 = r.v[0];
-    for (int64_t e = 0; e < extra; ++e) {
-      __m256 x;
-      if constexpr (T::dtype == DType::float32) x = _mm256_loadu_ps(p + 8 * e);
-      else if constexpr (T::dtype == DType::float16) x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * e)));
-      else x = Simd::bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * e)));
-      v0 = _mm256_add_ps(v0, _mm256_mul_ps(x, x));
-    }
+    const __m256 v0 = add_squares8<T>(r.v[0], p, extra);
     _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v0, r.v[1]), r.v[2]), r.v[3]));
   }
 };

@@ -295,14 +295,7 @@ struct Row32 {
     natural<T>(r, v01, v23);
     const auto lo = [](__m512 v) { return _mm512_castps512_ps256(v); };
     const auto hi = [](__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); };
-    __m256 v0 = lo(v01);
-    for (int64_t e = 0; e < extra; ++e) {
-      __m256 x;
-      if constexpr (T::dtype == DType::float32) x = _mm256_loadu_ps(p + 8 * e);
-      else if constexpr (T::dtype == DType::float16) x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * e)));
-      else x = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * e))), 16));
-      v0 = _mm256_add_ps(v0, _mm256_mul_ps(x, x));
-    }
+    const __m256 v0 = add_squares8<T>(lo(v01), p, extra);
     _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v0, hi(v01)), lo(v23)), hi(v23)));
   }
 };
