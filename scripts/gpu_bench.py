@@ -32,6 +32,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+try:
+    from opgym.numerics import ulp_distance
+except Exception:  # the package is not importable (see --lib): take the module from this checkout
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "opgym_numerics", Path(__file__).resolve().parent.parent / "python" / "opgym" / "numerics.py")
+    _numerics = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_numerics)
+    ulp_distance = _numerics.ulp_distance
+
 REPO = Path(__file__).resolve().parent.parent
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -117,18 +128,8 @@ def time_eager(fn, nbytes: int, reps: int = 3) -> float:
 
 # ---- numerics -------------------------------------------------------------------------------------
 
-def ordered(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype == torch.float32:
-        i = t.view(torch.int32).to(torch.int64)
-        mag = i & 0x7FFFFFFF
-    else:
-        i = t.view(torch.int16).to(torch.int64)
-        mag = i & 0x7FFF
-    return torch.where(i < 0, -mag, mag)
-
-
 def ulp_stats(a: torch.Tensor, b: torch.Tensor) -> tuple[int, float]:
-    d = (ordered(a) - ordered(b)).abs()
+    d = ulp_distance(a, b)
     return int(d.max().item()) if d.numel() else 0, float((d == 0).double().mean().item() * 100.0) if d.numel() else 100.0
 
 

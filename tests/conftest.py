@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from opgym.numerics import ulp_distance
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -78,20 +80,8 @@ def hf_rms_norm(hidden: int, weight: torch.Tensor, eps: float, cls=None):
     return m.eval()
 
 
-def ordered(t: torch.Tensor) -> torch.Tensor:
-    """Floats mapped to integers whose order and differences count ulps (sign-magnitude -> linear)."""
-    if t.dtype == torch.float32:
-        i = t.view(torch.int32).to(torch.int64)
-        mag = i & 0x7FFFFFFF
-    else:
-        i = t.view(torch.int16).to(torch.int64)
-        mag = i & 0x7FFF
-    return torch.where(i < 0, -mag, mag)
-
-
 def ulp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    assert a.dtype == b.dtype and a.shape == b.shape
-    return (ordered(a.cpu()) - ordered(b.cpu())).abs()
+    return ulp_distance(a.cpu(), b.cpu())
 
 
 @pytest.fixture
