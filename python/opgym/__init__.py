@@ -7,7 +7,8 @@
 """
 from __future__ import annotations
 
-from ._ops import available, build_info, load_error, rms_norm, rms_norm_, rms_norm_out
+from ._ops import (available, build_info, empty_output_cache, load_error, output_cache_info, rms_norm, rms_norm_,
+                   rms_norm_out, set_output_cache_limit)
 from . import capture as _capture_module  # noqa: F401 - loaded first, so `capture` below stays the function
 from .patch import PatchHandle, find_rms_norms, patch, reset_stats, stats
 
@@ -19,5 +20,6 @@ def capture(model, **kwargs):
     return _capture_module.Capture(model, **kwargs)
 
 
-__all__ = ["available", "build_info", "capture", "find_rms_norms", "load_error", "patch", "PatchHandle",
-           "reset_stats", "rms_norm", "rms_norm_", "rms_norm_out", "stats", "__version__"]
+__all__ = ["available", "build_info", "capture", "empty_output_cache", "find_rms_norms", "load_error",
+           "output_cache_info", "patch", "PatchHandle", "reset_stats", "rms_norm", "rms_norm_", "rms_norm_out",
+           "set_output_cache_limit", "stats", "__version__"]

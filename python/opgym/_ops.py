@@ -80,3 +80,29 @@ def rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, mode: st
     """rms_norm in place in x; only when the output dtype equals x's (e.g. weight and x both bf16)."""
     _require()
     return torch.ops.opgym.rms_norm_(x, weight, float(eps), mode, weight_offset)
+
+
+def output_cache_info() -> dict:
+    """The functional CPU operator's output cache: limit_bytes, cached_bytes, cached_blocks, hits, misses.
+
+    Outputs of at least 1 MiB reuse the blocks of freed outputs (their pages already mapped) instead
+    of fresh memory from the OS; see docs/ARCHITECTURE.md. The limit starts at the environment's
+    OPGYM_OUTPUT_CACHE_MB (default 256).
+    """
+    _require()
+    keys = ("limit_bytes", "cached_bytes", "cached_blocks", "hits", "misses")
+    return dict(zip(keys, torch.ops.opgym._output_cache_info()))
+
+
+def set_output_cache_limit(limit_bytes: int) -> None:
+    """Caps the bytes of freed outputs the cache keeps (evicting down to it now); 0 turns it off."""
+    _require()
+    if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
+        raise ValueError(f"opgym.set_output_cache_limit: limit_bytes must be an int >= 0, got {limit_bytes!r}")
+    torch.ops.opgym._set_output_cache_limit(limit_bytes)
+
+
+def empty_output_cache() -> None:
+    """Returns every block the output cache holds to the OS (outputs still alive are not touched)."""
+    _require()
+    torch.ops.opgym._empty_output_cache()

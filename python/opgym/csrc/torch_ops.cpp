@@ -29,6 +29,7 @@
 #include <string>
 
 #include "opgym/opgym.hpp"
+#include "output_cache.hpp"
 #include "torch_common.hpp"
 
 namespace {
@@ -74,7 +75,7 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
                         bool weight_offset) {
   const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
   check_device(weight, "weight", x.device());
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(out_dtype).memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out = empty_output(x.sizes(), x.options().dtype(out_dtype));  // large ones reused: output_cache.hpp
   run_core(x, weight, out, eps, mode, weight_offset);
   return out;
 }
@@ -301,6 +302,17 @@ int64_t parallel_probe(int64_t n) {
 TORCH_LIBRARY_FRAGMENT(opgym, m) {
   m.def("bench_core(Tensor x, Tensor weight, float eps, str impl, int samples, float sample_ms) -> float", &bench_core);
   m.def("_parallel_probe(int n) -> int", &parallel_probe);
+  // The functional operators' output cache (output_cache.hpp): [limit, cached bytes, cached blocks,
+  // hits, misses]; a new limit in bytes (0: off); free every cached block.
+  m.def("_output_cache_info() -> int[]", []() -> std::vector<int64_t> {
+    const OutputCacheInfo i = output_cache_info();
+    return {i.limit_bytes, i.cached_bytes, i.cached_blocks, i.hits, i.misses};
+  });
+  m.def("_set_output_cache_limit(int bytes) -> ()", [](int64_t bytes) {
+    TORCH_CHECK_VALUE(bytes >= 0, "opgym: the output cache limit must be >= 0 bytes, got ", bytes);
+    set_output_cache_limit(bytes);
+  });
+  m.def("_empty_output_cache() -> ()", &empty_output_cache);
   m.def("build_info() -> str", []() -> std::string {
     return std::string("opgym ") + opgym::kVersion + "; cpu isa " + opgym::isa_name(opgym::active_cpu_isa()) +
            "; cpu features: " + opgym::cpu_features() + "; cuda operators: " + (OPGYM_EXT_CUDA ? "yes" : "no");

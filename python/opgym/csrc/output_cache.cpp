@@ -1,0 +1,135 @@
+// See output_cache.hpp for why the functional operators' large outputs are cached.
+#include "output_cache.hpp"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <cstdlib>
+#include <list>
+#include <mutex>
+#include <new>
+#include <string>
+
+namespace opgym_torch {
+namespace {
+
+constexpr size_t kMinBytes = size_t{1} << 20;  // below this torch's allocator does well enough
+constexpr size_t kAlign = 4096;                 // page-aligned blocks (64 would do for the kernels)
+
+struct Block {
+  void* data;
+  size_t bytes;  // a multiple of kAlign
+};
+
+class OutputCache final : public c10::Allocator {
+ public:
+  OutputCache() {
+    limit_ = int64_t{256} << 20;
+    if (const char* env = std::getenv("OPGYM_OUTPUT_CACHE_MB"); env && *env) {
+      char* end = nullptr;
+      const long long mb = std::strtoll(env, &end, 10);
+      if (*end == '\0' && mb >= 0 && mb < (int64_t{1} << 40)) limit_ = static_cast<int64_t>(mb) << 20;
+      else TORCH_WARN("opgym: OPGYM_OUTPUT_CACHE_MB must be a whole number of MiB >= 0, got '", env, "'; using 256");
+    }
+  }
+
+  c10::DataPtr allocate(size_t n) override {
+    if (n < kMinBytes || limit() == 0) return c10::GetDefaultCPUAllocator()->allocate(n);
+    const size_t bytes = (n + kAlign - 1) / kAlign * kAlign;
+    Block* b = take(bytes);
+    if (!b) {
+      void* p = std::aligned_alloc(kAlign, bytes);
+      if (!p) throw std::bad_alloc();
+      b = new Block{p, bytes};
+    }
+    return {b->data, b, &OutputCache::release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+
+  OutputCacheInfo info() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return {limit_, static_cast<int64_t>(cached_bytes_), static_cast<int64_t>(free_.size()), hits_, misses_};
+  }
+  void set_limit(int64_t bytes) {
+    std::lock_guard<std::mutex> lk(mu_);
+    limit_ = bytes < 0 ? 0 : bytes;
+    evict_to(static_cast<size_t>(limit_));
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lk(mu_);
+    evict_to(0);
+  }
+
+  static OutputCache& get() {
+    static OutputCache* cache = new OutputCache();  // never destroyed: outputs may outlive static destructors
+    return *cache;
+  }
+
+ private:
+  int64_t limit() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return limit_;
+  }
+  // The smallest cached block of at least `bytes` and at most 8/7 of it, taken out of the cache.
+  Block* take(size_t bytes) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if ((*it)->bytes >= bytes && (*it)->bytes - bytes <= bytes / 7 && (best == free_.end() || (*it)->bytes < (*best)->bytes))
+        best = it;
+    if (best == free_.end()) {
+      ++misses_;
+      return nullptr;
+    }
+    ++hits_;
+    Block* b = *best;
+    cached_bytes_ -= b->bytes;
+    free_.erase(best);
+    return b;
+  }
+  static void release(void* ctx) {
+    Block* b = static_cast<Block*>(ctx);
+    OutputCache& c = get();
+    std::unique_lock<std::mutex> lk(c.mu_);
+    if (b->bytes > static_cast<size_t>(c.limit_)) {
+      lk.unlock();
+      destroy(b);
+      return;
+    }
+    c.evict_to(static_cast<size_t>(c.limit_) - b->bytes);
+    c.free_.push_back(b);  // the back is the most recently freed
+    c.cached_bytes_ += b->bytes;
+  }
+  void evict_to(size_t bytes) {  // the least recently freed first; mu_ held
+    while (cached_bytes_ > bytes && !free_.empty()) {
+      Block* b = free_.front();
+      free_.pop_front();
+      cached_bytes_ -= b->bytes;
+      destroy(b);
+    }
+  }
+  static void destroy(Block* b) {
+    std::free(b->data);
+    delete b;
+  }
+
+  std::mutex mu_;
+  std::list<Block*> free_;
+  size_t cached_bytes_ = 0;
+  int64_t limit_ = 0, hits_ = 0, misses_ = 0;
+};
+
+}  // namespace
+
+at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  return at::detail::empty_generic(sizes, &OutputCache::get(), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   c10::typeMetaToScalarType(options.dtype()), c10::MemoryFormat::Contiguous);
+}
+
+OutputCacheInfo output_cache_info() { return OutputCache::get().info(); }
+void set_output_cache_limit(int64_t bytes) { OutputCache::get().set_limit(bytes); }
+void empty_output_cache() { OutputCache::get().clear(); }
+
+}  // namespace opgym_torch

@@ -1,0 +1,138 @@
+"""The functional CPU operator's output cache (python/opgym/csrc/output_cache.hpp): freed outputs of
+at least 1 MiB are reused by later calls instead of fresh pages, within a byte limit."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+import opgym
+from conftest import hf_rms_norm
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def cache():
+    before = opgym.output_cache_info()["limit_bytes"]
+    opgym.empty_output_cache()
+    opgym.set_output_cache_limit(64 * MIB)
+    yield
+    opgym.set_output_cache_limit(before)
+    opgym.empty_output_cache()
+
+
+def _inputs(rows, dim=2048, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, dim, generator=g).to(torch.bfloat16)
+    w = (torch.randn(dim, generator=g) * 0.1 + 1).to(torch.bfloat16)
+    return x, w
+
+
+def _want(x, w):
+    with torch.no_grad():
+        return hf_rms_norm(x.shape[-1], w, 1e-6)(x)
+
+
+def test_a_freed_output_is_reused_and_fully_overwritten(cache):
+    x1, w = _inputs(512, seed=1)  # a 2 MiB bf16 output
+    y1 = torch.ops.opgym.rms_norm(x1, w, 1e-6)
+    ptr = y1.data_ptr()
+    assert torch.equal(y1, _want(x1, w))
+    del y1
+    info = opgym.output_cache_info()
+    assert info["cached_blocks"] == 1 and info["cached_bytes"] == 2 * MIB
+    x2, _ = _inputs(512, seed=2)
+    y2 = torch.ops.opgym.rms_norm(x2, w, 1e-6)
+    assert y2.data_ptr() == ptr  # the same block, pages already mapped
+    assert opgym.output_cache_info()["hits"] == info["hits"] + 1
+    assert torch.equal(y2, _want(x2, w))  # nothing of the previous output shows through
+    assert y2.is_contiguous() and y2.data_ptr() % 64 == 0
+
+
+def test_blocks_serve_only_sizes_that_fit(cache):
+    x, w = _inputs(512)
+    y = torch.ops.opgym.rms_norm(x, w, 1e-6)
+    ptr = y.data_ptr()
+    del y  # a 2 MiB block is cached
+    small = torch.ops.opgym.rms_norm(_inputs(300)[0], w, 1e-6)  # 1.17 MiB: too small to take 2 MiB
+    large = torch.ops.opgym.rms_norm(_inputs(1024)[0], w, 1e-6)  # 4 MiB: too large
+    assert ptr not in (small.data_ptr(), large.data_ptr())
+    assert opgym.output_cache_info()["cached_blocks"] == 1
+
+
+def test_small_outputs_bypass_the_cache(cache):
+    before = opgym.output_cache_info()
+    x, w = _inputs(64)  # 256 KiB
+    for _ in range(3):
+        torch.ops.opgym.rms_norm(x, w, 1e-6)
+    after = opgym.output_cache_info()
+    assert (after["hits"], after["misses"], after["cached_bytes"]) == (before["hits"], before["misses"], 0)
+
+
+def test_limit_evicts_the_least_recently_freed(cache):
+    opgym.set_output_cache_limit(3 * MIB)
+    w = _inputs(512)[1]
+    a = torch.ops.opgym.rms_norm(_inputs(512, seed=1)[0], w, 1e-6)
+    b = torch.ops.opgym.rms_norm(_inputs(512, seed=2)[0], w, 1e-6)
+    pb = b.data_ptr()
+    del a, b  # b freed last: it stays, a is evicted to keep 3 MiB
+    info = opgym.output_cache_info()
+    assert info["cached_blocks"] == 1 and info["cached_bytes"] == 2 * MIB
+    assert torch.ops.opgym.rms_norm(_inputs(512, seed=3)[0], w, 1e-6).data_ptr() == pb
+
+
+def test_limit_zero_turns_it_off(cache):
+    opgym.set_output_cache_limit(0)
+    before = opgym.output_cache_info()
+    x, w = _inputs(512)
+    for _ in range(3):
+        assert torch.equal(torch.ops.opgym.rms_norm(x, w, 1e-6), _want(x, w))
+    after = opgym.output_cache_info()
+    assert after["cached_bytes"] == 0 and after["hits"] == before["hits"] and after["misses"] == before["misses"]
+
+
+def test_threads_never_share_a_block(cache):
+    w = _inputs(512)[1]
+    inputs = [_inputs(512, seed=s)[0] for s in range(4)]
+    wants = [_want(x, w) for x in inputs]
+    bad = []
+
+    def work(i):
+        for _ in range(25):
+            y = torch.ops.opgym.rms_norm(inputs[i], w, 1e-6)
+            if not torch.equal(y, wants[i]):
+                bad.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+    assert opgym.output_cache_info()["hits"] > 0
+
+
+def test_bad_limit_is_a_value_error():
+    with pytest.raises(ValueError, match="limit_bytes must be an int >= 0"):
+        opgym.set_output_cache_limit(-1)
+    with pytest.raises(ValueError, match="limit must be >= 0 bytes"):
+        torch.ops.opgym._set_output_cache_limit(-5)
+
+
+def test_environment_sets_the_initial_limit():
+    code = "import opgym; print(opgym.output_cache_info()['limit_bytes'])"
+    for env, want in (("0", 0), ("12", 12 * MIB), (None, 256 * MIB)):
+        e = dict(os.environ)
+        e.pop("OPGYM_OUTPUT_CACHE_MB", None)
+        if env is not None:
+            e["OPGYM_OUTPUT_CACHE_MB"] = env
+        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
+        assert int(out.stdout.strip()) == want
+    e["OPGYM_OUTPUT_CACHE_MB"] = "lots"
+    out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
+    assert int(out.stdout.strip()) == 256 * MIB and "OPGYM_OUTPUT_CACHE_MB must be a whole number" in out.stderr
