@@ -136,3 +136,13 @@ def test_environment_sets_the_initial_limit():
     e["OPGYM_OUTPUT_CACHE_MB"] = "lots"
     out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
     assert int(out.stdout.strip()) == 256 * MIB and "OPGYM_OUTPUT_CACHE_MB must be a whole number" in out.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/sys/vm/overcommit_memory")
+                    or open("/proc/sys/vm/overcommit_memory").read().strip() != "0",
+                    reason="needs the kernel's heuristic overcommit to refuse an impossible allocation")
+def test_an_output_too_large_for_memory_is_a_clean_error(cache):
+    w = torch.ones(2048, dtype=torch.bfloat16)
+    x = torch.ones(1, 2048, dtype=torch.bfloat16).expand(1 << 32, 2048)  # a 16 TiB output, 4 KiB of input
+    with pytest.raises(torch.OutOfMemoryError, match="not enough memory for a 17592186044416-byte output"):
+        torch.ops.opgym.rms_norm(x, w, 1e-6)

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <list>
 #include <mutex>
-#include <new>
 #include <string>
 
 namespace opgym_torch {
@@ -40,7 +39,11 @@ class OutputCache final : public c10::Allocator {
     Block* b = take(bytes);
     if (!b) {
       void* p = std::aligned_alloc(kAlign, bytes);
-      if (!p) throw std::bad_alloc();
+      if (!p) {  // what the cache holds may be what is missing
+        clear();
+        p = std::aligned_alloc(kAlign, bytes);
+      }
+      TORCH_CHECK_WITH(OutOfMemoryError, p, "opgym: not enough memory for a ", bytes, "-byte output");
       b = new Block{p, bytes};
     }
     return {b->data, b, &OutputCache::release, c10::Device(c10::DeviceType::CPU)};
