@@ -91,9 +91,10 @@ TEST(Convert, EveryPathRoundsLikeTheScalarReference) {
 }
 
 // The AVX-512 all-bf16 layout. The exact variant must round like the scalar reference on every input;
-// the native one is used only on rows proven free of NaN and subnormal values, so its store
+// the native ones are used only on rows proven free of NaN and subnormal values, so their store
 // (AVX512-BF16) is held to the reference on finite normal inputs and zeros, ties and overflow
-// included, and its round trip (Veltkamp's split) on those of magnitude <= 2^100 (the guard's bound).
+// included, and their round trip on those of magnitude <= 2^100 (the guard's bound): Veltkamp's split
+// zeros included, the zero-free FMA split on nonzero values only.
 TEST(Convert, Avx512Bf16SplitLayoutRoundsLikeTheScalarReference) {
   if (!cpu_supports(CpuIsa::avx512)) GTEST_SKIP() << "no AVX-512";
   std::mt19937 gen(11);
@@ -103,23 +104,30 @@ TEST(Convert, Avx512Bf16SplitLayoutRoundsLikeTheScalarReference) {
     in.push_back(f((gen() & 0xff7f0000u) | (i % 4 == 0 ? 0x8000u : i % 4 == 1 ? 0x7fffu : i % 4 == 2 ? 0x18000u : 0x8001u)));
   for (uint32_t hi = 0; hi < 0x10000; ++hi)  // every bf16 value with tie and near-tie low halves
     for (uint32_t lo : {0x0000u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) in.push_back(f(hi << 16 | lo));
+  for (uint32_t e = 1; e < 255; ++e)  // the ends of every binade, where the FMA split's c changes binade
+    for (uint32_t lo : {0x00001u, 0x00040u, 0x00080u, 0x00081u, 0x7fff00u, 0x7ffffeu}) {
+      in.push_back(f(e << 23 | lo));
+      in.push_back(f(0x80000000u | e << 23 | lo));
+    }
   in.push_back(f(0x7f7fffff));  // rounds to inf
   in.push_back(-0.0f);
   in.resize((in.size() + 63) / 64 * 64, 1.0f);
   const int64_t n = static_cast<int64_t>(in.size());
-  for (bool native : {false, true}) {
+  for (int variant : {0, 1, 2}) {
+    const bool native = variant > 0;
     if (native && !detail::native_bf16_enabled()) continue;
     std::vector<uint16_t> stored(n);
     std::vector<float> rt(n);
-    detail::round_bf16_avx512_split(native, in.data(), stored.data(), rt.data(), n);
+    detail::round_bf16_avx512_split(variant, in.data(), stored.data(), rt.data(), n);
     int checked = 0;
     for (int64_t i = 0; i < n; ++i) {
       const bool plain = std::isfinite(in[i]) && (in[i] == 0.0f || std::fabs(in[i]) >= 0x1p-126f);
       if (native && !plain) continue;
       ++checked;
-      ASSERT_EQ(stored[i], f32_to_bf16(in[i])) << "native " << native << " store of 0x" << std::hex << f32_bits(in[i]);
+      ASSERT_EQ(stored[i], f32_to_bf16(in[i])) << "variant " << variant << " store of 0x" << std::hex << f32_bits(in[i]);
       if (native && std::fabs(in[i]) > 0x1p100f) continue;
-      ASSERT_EQ(f32_bits(rt[i]), f32_bits(bf16_to_f32(f32_to_bf16(in[i])))) << "native " << native << " round trip of 0x"
+      if (variant == 2 && in[i] == 0.0f) continue;
+      ASSERT_EQ(f32_bits(rt[i]), f32_bits(bf16_to_f32(f32_to_bf16(in[i])))) << "variant " << variant << " round trip of 0x"
                                                                              << std::hex << f32_bits(in[i]);
     }
     EXPECT_GT(checked, 150000);

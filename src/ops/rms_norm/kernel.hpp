@@ -62,8 +62,10 @@ void rms_norm_rows_avx512(const RmsNormJob& job, int64_t begin, int64_t end);
 void round_f32_scalar(DType to, const float* in, void* out, int64_t n);
 void round_f32_avx2(DType to, const float* in, void* out, int64_t n);
 void round_f32_avx512(DType to, const float* in, void* out, int64_t n);
-// The AVX-512 all-bf16 layout's store and round trip (native: AVX512-BF16 instructions), for tests.
-void round_bf16_avx512_split(bool native, const float* in, uint16_t* stored, float* round_tripped, int64_t n);
+// The AVX-512 all-bf16 layout's store and round trip, for tests. Variant 0: the exact integer
+// rounding; 1: the native path (AVX512-BF16 store, Veltkamp's split); 2: the native path for rows
+// without zeros (the FMA split).
+void round_bf16_avx512_split(int variant, const float* in, uint16_t* stored, float* round_tripped, int64_t n);
 // Whether the AVX-512 path may use AVX512-BF16 (the CPU has it, and tests have not turned it off).
 bool native_bf16_enabled();
 void set_native_bf16(bool enabled);  // tests: exercise the exact integer rounding on any CPU

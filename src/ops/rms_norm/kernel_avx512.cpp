@@ -8,7 +8,12 @@ namespace opgym::detail {
 void rms_norm_rows_avx512(const RmsNormJob& job, int64_t begin, int64_t end) { rows_any(job, begin, end); }
 void round_f32_avx512(DType to, const float* in, void* out, int64_t n) { round_f32_any(to, in, out, n); }
 
-void round_bf16_avx512_split(bool native, const float* in, uint16_t* stored, float* round_tripped, int64_t n) {
+template <class S> void split_store_and_round_trip(const Simd::G& g, uint16_t* stored, Simd::G& r) {
+  S::template store<BF16>(stored, g);
+  r = S::template round_trip<BF16>(g);
+}
+
+void round_bf16_avx512_split(int variant, const float* in, uint16_t* stored, float* round_tripped, int64_t n) {
   alignas(64) float lanes[64];
   for (int64_t i = 0; i + 64 <= n; i += 64) {
     for (int h = 0; h < 2; ++h)  // the split layout: even elements, then odd, per 32
@@ -19,13 +24,9 @@ void round_bf16_avx512_split(bool native, const float* in, uint16_t* stored, flo
     Simd::G g;
     for (int k = 0; k < 4; ++k) g.v[k] = _mm512_load_ps(lanes + 16 * k);
     Simd::G r;
-    if (native) {
-      SimdBf16<true>::store<BF16>(stored + i, g);
-      r = SimdBf16<true>::round_trip<BF16>(g);
-    } else {
-      SimdBf16<false>::store<BF16>(stored + i, g);
-      r = SimdBf16<false>::round_trip<BF16>(g);
-    }
+    if (variant == 2) split_store_and_round_trip<SimdBf16<true, true>>(g, stored + i, r);
+    else if (variant == 1) split_store_and_round_trip<SimdBf16<true>>(g, stored + i, r);
+    else split_store_and_round_trip<SimdBf16<false>>(g, stored + i, r);
     for (int k = 0; k < 4; ++k) _mm512_store_ps(lanes + 16 * k, r.v[k]);
     for (int h = 0; h < 2; ++h)
       for (int j = 0; j < 16; ++j) {

@@ -41,7 +41,7 @@ struct NoGuard {
     template <class P> void track(const P*) {}
     template <class P> void track32(const P*) {}
     template <class P> void track_partial(const P*, int64_t) {}
-    template <class P> float min_nonzero(const P*, int64_t) const { return 0.0f; }
+    template <class P> float min_nonzero(const P*, int64_t, bool& has_zero) const { return has_zero = true, 0.0f; }
   };
   bool fast(float, float, float, bool) const { return false; }
 };
@@ -115,8 +115,9 @@ void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* t
   }
 }
 
-// S: the fast group ops; SExact: the exact ones (the same type unless a Guard is active).
-template <class S, class SExact, class Guard, class TX, class TW, class TO, bool kHf>
+// S: the fast group ops; SExact: the exact ones; SZeroFree: the fast ones for a row the Guard has
+// also seen hold no zero x (all three the same type unless a Guard is active).
+template <class S, class SExact, class SZeroFree, class Guard, class TX, class TW, class TO, bool kHf>
 void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
   using SX = typename TX::storage;
   using SW = typename TW::storage;
@@ -182,6 +183,7 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
   };
 
   float sums[kRowBatch], rinv[kRowBatch], xmin[kRowBatch];
+  bool xzero[kRowBatch];
   for (int64_t r0 = begin; r0 < end; r0 += batch) {
     const int n = static_cast<int>(std::min<int64_t>(batch, end - r0));
     // pass 1: sums of squares
@@ -213,7 +215,7 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
         sums[k] = S::fold(acc);
       }
     }
-    for (int k = 0; k < n; ++k) xmin[k] = track[k].min_nonzero(xs[k], dim);
+    for (int k = 0; k < n; ++k) xmin[k] = track[k].min_nonzero(xs[k], dim, xzero[k]);
     for (int k = 0; k < n; ++k) rinv[k] = 1.0f / std::sqrt(sums[k] / static_cast<float>(dim) + job.eps);
     for (int k = 0; k < n; ++k) {  // pass 2: scale, round, store
       const SX* x = xs[k];
@@ -230,6 +232,12 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
       };
       if constexpr (Guard::kActive) {
         if (guard.fast(sums[k], rinv[k], xmin[k], kHf)) {
+          if constexpr (kHf) {  // only hf mode rounds h, where the two differ
+            if (!xzero[k]) {
+              run(SZeroFree{});
+              continue;
+            }
+          }
           run(S{});
           continue;
         }
@@ -247,16 +255,18 @@ void dispatch_rows(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
       using TX = decltype(tx);
       using TW = decltype(tw);
       if (job.out_dtype == DType::float32) {
-        rows_impl<Simd, Simd, NoGuard, TX, TW, F32, kHf>(job, begin, end);
+        rows_impl<Simd, Simd, Simd, NoGuard, TX, TW, F32, kHf>(job, begin, end);
       } else if constexpr (TX::dtype == TW::dtype) {
 #ifdef OPGYM_SIMD_BF16
         if constexpr (TX::dtype == DType::bfloat16) {  // every tensor bf16: the split layout
-          if (job.native_bf16) rows_impl<SimdBf16<true>, SimdBf16<false>, Bf16Guard, TX, TW, TX, kHf>(job, begin, end);
-          else rows_impl<SimdBf16<false>, SimdBf16<false>, NoGuard, TX, TW, TX, kHf>(job, begin, end);
+          if (job.native_bf16)
+            rows_impl<SimdBf16<true>, SimdBf16<false>, SimdBf16<true, true>, Bf16Guard, TX, TW, TX, kHf>(job, begin, end);
+          else
+            rows_impl<SimdBf16<false>, SimdBf16<false>, SimdBf16<false>, NoGuard, TX, TW, TX, kHf>(job, begin, end);
           return;
         }
 #endif
-        rows_impl<Simd, Simd, NoGuard, TX, TW, TX, kHf>(job, begin, end);
+        rows_impl<Simd, Simd, Simd, NoGuard, TX, TW, TX, kHf>(job, begin, end);
       }
     });
   });

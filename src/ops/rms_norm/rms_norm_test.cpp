@@ -206,7 +206,7 @@ TEST(RmsNorm, Bf16FastPathFallsBackWhereHardwareRoundingWouldDiffer) {
     xs[1 * dim + 9] = bits(0x1p-120f);           // row 1: normal h, but h * small weight is subnormal
     ws[9] = bits(weight_case == 0 ? 0x1p-20f : 0.5f);
     xs[2 * dim + 0] = 0;                          // row 2: zeros (the cheap minimum must skip them)
-    xs[2 * dim + 100] = 0x8000;                   // -0
+    xs[2 * dim + 100] = 0x8000;                   // -0 (the zero-free FMA split would give +0 here)
     for (int64_t i = 0; i < dim; ++i) xs[3 * dim + i] = 0;  // row 3: all zeros
     xs[4 * dim + 50] = bits(NAN);                 // row 4: NaN
     xs[5 * dim + 7] = bits(3e38f);                // row 5: the sum of squares overflows
