@@ -112,14 +112,16 @@ struct Row32 {
   static Row32 add(const Row32& a, const Row32& b) {
     Row32 r; for (int k = 0; k < 4; ++k) r.v[k] = _mm256_add_ps(a.v[k], b.v[k]); return r;
   }
-  template <class T> static Row32 squares(const typename T::storage* p) {
+  // acc + x^2 for one ILP row; kFused: by FMA, where that gives the same bits (see the AVX-512 Row32).
+  template <class T, bool kFused> static Row32 add_squares(const Row32& acc, const typename T::storage* p) {
     Row32 r;
     for (int k = 0; k < 4; ++k) {
       __m256 x;
       if constexpr (T::dtype == DType::float32) x = _mm256_loadu_ps(p + 8 * k);
       else if constexpr (T::dtype == DType::float16) x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * k)));
       else x = Simd::bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * k)));
-      r.v[k] = _mm256_mul_ps(x, x);
+      if constexpr (kFused && T::dtype != DType::float32) r.v[k] = _mm256_fmadd_ps(x, x, acc.v[k]);
+      else r.v[k] = _mm256_add_ps(acc.v[k], _mm256_mul_ps(x, x));
     }
     return r;
   }

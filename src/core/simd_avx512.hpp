@@ -271,21 +271,29 @@ struct Row32 {
   __m512 v[2];
   static Row32 zero() { const __m512 z = _mm512_setzero_ps(); return {{z, z}}; }
   static Row32 add(const Row32& a, const Row32& b) { return {{_mm512_add_ps(a.v[0], b.v[0]), _mm512_add_ps(a.v[1], b.v[1])}}; }
-  template <class T> static Row32 squares(const typename T::storage* p) {
+  template <class T> static Row32 load(const typename T::storage* p) {
     Row32 r;
     if constexpr (T::dtype == DType::bfloat16) {
       const __m512i raw = _mm512_loadu_si512(p);
-      const __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
-      const __m512 o = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
-      r.v[0] = _mm512_mul_ps(e, e);
-      r.v[1] = _mm512_mul_ps(o, o);
-      return r;
+      r.v[0] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+      r.v[1] = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+    } else {
+      for (int k = 0; k < 2; ++k) {
+        if constexpr (T::dtype == DType::float32) r.v[k] = _mm512_loadu_ps(p + 16 * k);
+        else r.v[k] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k)));
+      }
     }
+    return r;
+  }
+  // acc + x^2 for one ILP row. kFused: by FMA, one rounding instead of two, which gives the same bits
+  // whenever x^2 is exact in fp32: always for fp16 x (11 significant bits, |x| >= 2^-24), for bf16 x
+  // when every nonzero |x| >= 2^-63 (the caller makes sure, see rows_impl); never assumed for fp32.
+  template <class T, bool kFused> static Row32 add_squares(const Row32& acc, const typename T::storage* p) {
+    const Row32 x = load<T>(p);
+    Row32 r;
     for (int k = 0; k < 2; ++k) {
-      __m512 x;
-      if constexpr (T::dtype == DType::float32) x = _mm512_loadu_ps(p + 16 * k);
-      else x = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k)));
-      r.v[k] = _mm512_mul_ps(x, x);
+      if constexpr (kFused && T::dtype != DType::float32) r.v[k] = _mm512_fmadd_ps(x.v[k], x.v[k], acc.v[k]);
+      else r.v[k] = _mm512_add_ps(acc.v[k], _mm512_mul_ps(x.v[k], x.v[k]));
     }
     return r;
   }

@@ -53,8 +53,10 @@ struct Row32 {
   float v[32];
   static Row32 zero() { Row32 r; for (float& f : r.v) f = 0.0f; return r; }
   static Row32 add(const Row32& a, const Row32& b) { Row32 r; for (int i = 0; i < 32; ++i) r.v[i] = a.v[i] + b.v[i]; return r; }
-  template <class T> static Row32 squares(const typename T::storage* p) {
-    Row32 r; for (int i = 0; i < 32; ++i) { const float x = T::to_f32(p[i]); r.v[i] = x * x; } return r;
+  // acc + x^2 for one ILP row. The portable path assumes no FMA: it always rounds twice, which is
+  // what the fused form of the vector paths gives anyway wherever they use it (exact squares).
+  template <class T, bool /*kFused*/> static Row32 add_squares(const Row32& acc, const typename T::storage* p) {
+    Row32 r; for (int i = 0; i < 32; ++i) { const float x = T::to_f32(p[i]); r.v[i] = acc.v[i] + x * x; } return r;
   }
   // out[l] = ((vector 0 + vector 1) + vector 2) + vector 3, lane l: torch's combination of its four
   // ILP accumulators.

@@ -64,7 +64,7 @@ inline int64_t ceil_log2(int64_t n) {
 // Torch's last step, total = tail + lane 0 + ... + lane 7, is a chain of eight dependent adds per
 // row; it is left to finish_sums (simd_*.hpp), which runs it for eight rows at once after a
 // transpose. A row hands over its scalar tail sum and its 8 lanes (lanes[r], 32-byte aligned).
-template <class TX, int R, class Track>
+template <class TX, int R, bool kFused, class Track>
 void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* track, float* tails, float (*lanes)[8]) {
   constexpr int64_t kW = 8;
   auto sq = [&](int r, int64_t i) { const float v = TX::to_f32(x[r][i]); return v * v; };
@@ -88,7 +88,7 @@ void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* t
     for (int l = 0; l < 4; ++l) acc[r][l] = Row32::zero();
   auto add_row = [&](int64_t i) {
     for (int r = 0; r < R; ++r) {
-      acc[r][0] = Row32::add(acc[r][0], Row32::template squares<TX>(x[r] + 32 * i));
+      acc[r][0] = Row32::template add_squares<TX, kFused>(acc[r][0], x[r] + 32 * i);
       track[r].track32(x[r] + 32 * i);
     }
   };
@@ -182,6 +182,10 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
     if (tail) Sx::template store_n<TO>(out + body, scale(Sx::template load_n<TX>(x + body, tail), body, wt), tail);
   };
 
+  // Squares added by FMA where that is exact (Row32::add_squares): fp16 always; bf16 where the Guard
+  // tracks the smallest |x|, and a row holding a nonzero |x| < 2^-63 is summed again the plain way.
+  constexpr bool kFusedBf16 = TX::dtype == DType::bfloat16 && Guard::kActive;
+  constexpr bool kFused = TX::dtype == DType::float16 || kFusedBf16;
   float sums[kRowBatch], rinv[kRowBatch], xmin[kRowBatch];
   bool xzero[kRowBatch];
   for (int64_t r0 = begin; r0 < end; r0 += batch) {
@@ -194,8 +198,8 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
     if (job.torch_order) {
       alignas(32) float tails[kRowBatch], lanes[kRowBatch][8];
       int k = 0;
-      for (; k + 2 <= n; k += 2) torch_order_sum<TX, 2>(xs + k, dim, track + k, tails + k, lanes + k);
-      if (k < n) torch_order_sum<TX, 1>(xs + k, dim, track + k, tails + k, lanes + k);
+      for (; k + 2 <= n; k += 2) torch_order_sum<TX, 2, kFused>(xs + k, dim, track + k, tails + k, lanes + k);
+      if (k < n) torch_order_sum<TX, 1, kFused>(xs + k, dim, track + k, tails + k, lanes + k);
       finish_sums(n, tails, lanes, sums);
     } else {
       for (int k = 0; k < n; ++k) {
@@ -216,6 +220,15 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
       }
     }
     for (int k = 0; k < n; ++k) xmin[k] = track[k].min_nonzero(xs[k], dim, xzero[k]);
+    if constexpr (kFusedBf16) {
+      for (int k = 0; k < n; ++k) {
+        if (!job.torch_order || xmin[k] == 0.0f || xmin[k] >= 0x1p-63f) continue;
+        typename Guard::Row unused;  // x^2 may be inexact: torch's two roundings, as they are
+        alignas(32) float tail[1], lane[1][8];
+        torch_order_sum<TX, 1, false>(xs + k, dim, &unused, tail, lane);
+        finish_sums(1, tail, lane, sums + k);
+      }
+    }
     for (int k = 0; k < n; ++k) rinv[k] = 1.0f / std::sqrt(sums[k] / static_cast<float>(dim) + job.eps);
     for (int k = 0; k < n; ++k) {  // pass 2: scale, round, store
       const SX* x = xs[k];

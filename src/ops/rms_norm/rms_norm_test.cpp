@@ -263,6 +263,42 @@ TEST(RmsNorm, Bf16FastPathRefusesASubnormalHThatRoundsToNormal) {
   set_cpu_isa(best_cpu_isa());
 }
 
+// The vector paths add bf16 and fp16 squares by FMA, which equals torch's mul-then-add only where x^2
+// is exact in fp32. A bf16 |x| < 2^-63 has a subnormal, rounded square, so such a row must be summed
+// again the plain way. In units of 2^-149, row r holds x1 = (133 + 2r) 2^-80 in its first 32 elements
+// (x1^2 ~ 8.6-9.4, rounded to A = 9) and x2 = k 2^-75, k = 9 + 2r, in the others (x2^2 = k^2/2, a tie).
+// Each lane sums A + fl(x2^2) = A + B (the tie rounded alone, to even) the plain way, but
+// fma(x2, x2, A) = A + B + 1; with A + B = 2q + 1, q even, the mean over 64 (eps = 0) rounds to q the
+// plain way and is q + 1 fused, so r and the outputs differ. (Checked: without the re-summing this
+// test fails.) fp16 squares are always exact: tiny random rows.
+TEST(RmsNorm, FusedSquaresKeepTorchsRoundingForTinyValues) {
+  const int64_t rows = 4, dim = 64;
+  for (CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512}) {
+    if (!cpu_supports(isa)) continue;
+    set_cpu_isa(isa);
+    for (DType dt : {DType::bfloat16, DType::float16}) {
+      Buffer x = cases::make_normal(TensorSpec{"x", {rows, dim}, dt}, 31, 0);
+      Buffer w = cases::make_normal(TensorSpec{"w", {dim}, dt}, 31, 1);
+      auto* xs = reinterpret_cast<uint16_t*>(x.bytes.data());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < dim; ++i) {
+          const float sign = (i + r) % 3 == 0 ? -1.0f : 1.0f;
+          if (dt == DType::bfloat16)
+            xs[r * dim + i] = f32_to_bf16(sign * static_cast<float>(i < 32 ? (133 + 2 * r) * 0x1p-80 : (9 + 2 * r) * 0x1p-75));
+          else
+            xs[r * dim + i] = f32_to_f16(sign * (1.0f + static_cast<float>((i * 7 + r) % 97) / 64.0f) * 0x1p-14f);
+        }
+      RmsNormOptions opt;
+      opt.eps = 0.0;
+      Buffer want = cases::make_buffer({rows, dim}, dt), got = want;
+      reference::rms_norm_basic_ops(x.view(), w.view(), want.view(), opt);
+      rms_norm(x.view(), w.view(), got.view(), opt);
+      EXPECT_EQ(got.bytes, want.bytes) << isa_name(isa) << " " << dtype_name(dt);
+    }
+  }
+  set_cpu_isa(best_cpu_isa());
+}
+
 TEST(RmsNorm, WeightOffsetIsOnePlusWeight) {
   Buffer x = cases::make_normal(TensorSpec{"x", {2, 96}, DType::float32}, 1, 0);
   Buffer w = cases::make_normal(TensorSpec{"w", {96}, DType::float32}, 1, 1);
