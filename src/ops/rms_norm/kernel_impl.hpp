@@ -4,8 +4,10 @@
 // Why it is shaped this way:
 // - Two passes over a row: sum of squares, then scale and store. A transformer row (<= 16 KiB in
 //   bf16) stays in L1/L2 between the passes, so memory sees one read and one write per element.
-// - Products and sums are separate roundings (mul then add, no FMA; the build sets
-//   -ffp-contract=off) because HF materializes x.pow(2) in fp32 before summing.
+// - Products and sums are separate roundings (mul then add; the build sets -ffp-contract=off) because
+//   HF materializes x.pow(2) in fp32 before summing. An explicit FMA is used only where the square is
+//   exact, so one rounding equals those two (fp16 squares; bf16 ones on the guarded path, see
+//   Row32::add_squares and rows_impl).
 // - Element i adds into lane i mod 64 on every ISA and the 64 lanes fold by halves, so scalar, AVX2
 //   and AVX-512 give the same bits, and the basic-op golden can reproduce them. 64 lanes are four
 //   independent AVX-512 add chains: pass 1 runs at load speed instead of add latency.
