@@ -95,6 +95,7 @@ void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* t
     }
   };
   int64_t i = 0;
+  int top = 0;  // the highest level written; those above it hold zeros, which add nothing to a sum of squares
   while (i + step <= rows) {
     for (int64_t j = 0; j < step; ++j, ++i) add_row(i);
     for (int lev = 1; lev < 4; ++lev) {
@@ -102,12 +103,13 @@ void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* t
         acc[r][lev] = Row32::add(acc[r][lev], acc[r][lev - 1]);
         acc[r][lev - 1] = Row32::zero();
       }
+      top = std::max(top, lev);
       if ((i & (mask << (lev * power))) != 0) break;
     }
   }
   for (; i < rows; ++i) add_row(i);
   for (int r = 0; r < R; ++r) {
-    for (int lev = 1; lev < 4; ++lev) acc[r][0] = Row32::add(acc[r][0], acc[r][lev]);
+    for (int lev = 1; lev <= top; ++lev) acc[r][0] = Row32::add(acc[r][0], acc[r][lev]);
     // leftover whole vectors (vecs not a multiple of 4) go into vector 0 first
     Row32::template lanes8<TX>(lanes[r], acc[r][0], x[r] + rows * 32, vecs - rows * 4);
     float tail = 0.f;
