@@ -153,10 +153,11 @@ struct Simd {
 //     |h| <= max(2 sqrt(dim), 2^65) always holds, see Bf16Guard;
 //     kZeroFree (the row has no zero x, so no zero h): two instructions instead, c = h * (2^16 - 1)
 //     and h' = h * 2^16 - c in one FMA. Why it is the bf16 rounding: write h = m 2^(e-23) (m a 24-bit
-//     integer) and u = 2^(e-7), the bf16 ulp at h; 2^16 h = m u exactly, and 65535 h < 2^16 h stays
-//     in c's binade once h's significand is >= 65536/65535, so c is (m u - h) rounded to a multiple of
-//     u, ties to even; h' = 2^16 h - c is then h rounded to a multiple of u, and at a tie (low 16 bits
-//     of m = 0x8000, so m even) the even choice for c is the even choice for h'. Below that
+//     integer) and u = 2^(e-7), the bf16 ulp at h; 2^16 h = m u exactly, and 65535 h = m u - h lies
+//     in the binade of m u (where the fp32 ulp is u) once h's significand is >= 65536/65535, so c is
+//     m u - h rounded to a multiple of u, ties to even; h' = 2^16 h - c is then h rounded to a
+//     multiple of u, and at a tie (low 16 bits of m = 0x8000, so m even) the even choice for c is
+//     the even choice for h'. Below that
 //     significand h is within u/512 of 2^e, c is a multiple of u/2 and h' = 2^e. The FMA's result is
 //     a bf16 value, so it is exact. Checked over every fp32 value: equal to the bf16 rounding for
 //     every normal |h| <= 2^100, and wrong only for -0 (h' = +0), hence kZeroFree; ~11% fewer cycles
