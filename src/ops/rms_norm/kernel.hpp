@@ -15,7 +15,8 @@ struct RmsNormJob {
   bool weight_offset = false;
   bool native_bf16 = false;
   bool torch_order = true;   // SumOrder::torch_cpu, else lanes64
-  bool stream_out = false;   // non-temporal stores for 64-byte-aligned output rows (huge outputs)  // the CPU has AVX512-BF16 conversions (the AVX-512 path uses them)
+  bool stream_out = false;   // non-temporal stores for 64-byte-aligned output rows (huge outputs)
+  bool overlap = false;      // pass 2 of a row inside pass 1 of the next (rows streamed from L3/memory)
   float eps = 0.f;           // already rounded to fp32, as torch adds it to an fp32 tensor
   int64_t dim = 0;
   // Row addressing: row r starts at x + offset(r) elements. When the leading dims collapse to one
@@ -69,5 +70,13 @@ void round_bf16_avx512_split(int variant, const float* in, uint16_t* stored, flo
 // Whether the AVX-512 path may use AVX512-BF16 (the CPU has it, and tests have not turned it off).
 bool native_bf16_enabled();
 void set_native_bf16(bool enabled);  // tests: exercise the exact integer rounding on any CPU
+// The overlapped mode (RmsNormJob::overlap): -1 chosen by size (the default), 0 never, 1 always
+// (tests: run every shape through it).
+void set_overlap_mode(int mode);
+// When a call takes the overlapped mode, left to size (measured, docs/PERF.md v23): rows of 8 KiB or
+// more once a thread has 1 MiB of input (beyond its L2), rows of 4 KiB from 8 MiB per thread; shorter
+// rows, and less input, are faster in row batches.
+constexpr int64_t kOverlapLongRowBytes = 8 * 1024, kOverlapLongBytesPerThread = int64_t{1} << 20;
+constexpr int64_t kOverlapRowBytes = 4 * 1024, kOverlapBytesPerThread = int64_t{8} << 20;
 
 }  // namespace opgym::detail

@@ -32,6 +32,8 @@ namespace opgym {
 namespace {  // NOLINT: internal linkage per instruction set, see core/convert.hpp
 
 using detail::kRowBatch;
+// Lambdas of the row loops that must be inlined: out of line, each call spills the vector registers.
+#define OPGYM_INLINE __attribute__((always_inline))
 constexpr int64_t kWeightBuf = 4096;        // weights pre-converted when dim <= this (16 KiB) ...
 constexpr int64_t kWeightBufRows = 4;       // ... and the call has this many rows to amortize it
 constexpr int64_t kPrefetchRowBytes = 8 * 1024;  // rows at least this long prefetch the next row
@@ -66,8 +68,19 @@ inline int64_t ceil_log2(int64_t n) {
 // Torch's last step, total = tail + lane 0 + ... + lane 7, is a chain of eight dependent adds per
 // row; it is left to finish_sums (simd_*.hpp), which runs it for eight rows at once after a
 // transpose. A row hands over its scalar tail sum and its 8 lanes (lanes[r], 32-byte aligned).
-template <class TX, int R, bool kFused, class Track>
-void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* track, float* tails, float (*lanes)[8]) {
+// hook(i) runs after ILP row i (32 elements) of the rows has been added: the overlapped mode of
+// rows_impl scales the previous row there, a group every second ILP row.
+struct NoHook {
+  void operator()(int64_t) const {}
+};
+template <class TX, int R, bool kFused, class Track, class Hook = NoHook>
+void torch_order_sum(const typename TX::storage* const* xp, int64_t dim, Track* trackp, float* tails, float (*lanes)[8],
+                     Hook&& hook = {}) {
+  // Local copies: the hook's stores (vector types may alias anything) would otherwise make every ILP
+  // row reload the row pointers and store the trackers back.
+  const typename TX::storage* x[R];
+  Track track[R];
+  for (int r = 0; r < R; ++r) x[r] = xp[r], track[r] = trackp[r];
   constexpr int64_t kW = 8;
   auto sq = [&](int r, int64_t i) { const float v = TX::to_f32(x[r][i]); return v * v; };
   if (dim < kW) {  // scalar row_sum: 4 partials over whole quads, the rest into partial 0
@@ -80,6 +93,7 @@ void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* t
       track[r].track_partial(x[r], dim);
       tails[r] = ((p[0] + p[1]) + p[2]) + p[3];
       for (int l = 0; l < kW; ++l) lanes[r][l] = 0.0f;  // + 0 leaves a sum of squares (never -0) as it is
+      trackp[r] = track[r];
     }
     return;
   }
@@ -88,11 +102,12 @@ void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* t
   Row32 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int l = 0; l < 4; ++l) acc[r][l] = Row32::zero();
-  auto add_row = [&](int64_t i) {
+  auto add_row = [&](int64_t i) OPGYM_INLINE {
     for (int r = 0; r < R; ++r) {
       acc[r][0] = Row32::template add_squares<TX, kFused>(acc[r][0], x[r] + 32 * i);
       track[r].track32(x[r] + 32 * i);
     }
+    hook(i);
   };
   int64_t i = 0;
   int top = 0;  // the highest level written; those above it hold zeros, which add nothing to a sum of squares
@@ -116,6 +131,7 @@ void torch_order_sum(const typename TX::storage* const* x, int64_t dim, Track* t
     for (int64_t t = vecs * kW; t < dim; ++t) tail += sq(r, t);
     if (rows * 32 < dim) track[r].track_partial(x[r] + rows * 32, dim - rows * 32);
     tails[r] = tail;
+    trackp[r] = track[r];
   }
 }
 
@@ -167,29 +183,102 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
   // Long rows come from L3 or DRAM: while a row is scaled (a write stream), the next row's reads
   // are started, so pass 1 of the next row finds it in cache instead of waiting on memory.
   const bool prefetch = dim * static_cast<int64_t>(sizeof(SX)) >= kPrefetchRowBytes;
-  // Pass 2 for one row with the group ops Sx (S or SExact; both share the layout).
-  auto scale_row = [&](auto sx, auto stream, const SX* x, SO* out, float rinv, const SX* next) {
+  // Pass 2 over the full groups of one row from element i0 to i1 (multiples of kG), and its partial
+  // last group when `with_tail`, with the group ops Sx (S, SExact or SZeroFree: one layout).
+  auto scale_range = [&](auto sx, auto stream, const SX* x, SO* out, float rinv, int64_t i0, int64_t i1,
+                         bool with_tail, const SX* next) OPGYM_INLINE {
     using Sx = decltype(sx);
     constexpr bool kStream = decltype(stream)::value;
     const G ri = Sx::splat(rinv);
-    auto scale = [&](const G& xg, int64_t i, const SW* wp) {
+    auto scale = [&](const G& xg, int64_t i, const SW* wp) OPGYM_INLINE {
       G h = Sx::mul(xg, ri);
       if constexpr (kHf) h = Sx::template round_trip<TX>(h);
       return Sx::mul(wconv ? Sx::load_raw(wbuf + i) : weight_group(wp), h);
     };
-    for (int64_t i = 0; i < body; i += kG) {
+    for (int64_t i = i0; i < i1; i += kG) {
       if (next)
         for (int64_t b = 0; b < static_cast<int64_t>(kG * sizeof(SX)); b += 64)
           __builtin_prefetch(reinterpret_cast<const char*>(next + i) + b, 0, 3);
       Sx::template store<TO, kStream>(out + i, scale(Sx::template load<TX>(x + i), i, w + i));
     }
-    if (tail) Sx::template store_n<TO>(out + body, scale(Sx::template load_n<TX>(x + body, tail), body, wt), tail);
+    if (with_tail && tail)
+      Sx::template store_n<TO>(out + body, scale(Sx::template load_n<TX>(x + body, tail), body, wt), tail);
+  };
+  // Which group ops pass 2 of a row may use: 2 the zero-free fast ones, 1 the fast ones, 0 exact.
+  auto variant_of = [&](float sum, float rinv, float xmin, bool xzero) {
+    if constexpr (Guard::kActive) {
+      if (guard.fast(sum, rinv, xmin, kHf)) return kHf && !xzero ? 2 : 1;  // only hf mode rounds h
+    }
+    (void)sum, (void)rinv, (void)xmin, (void)xzero;
+    return 0;
+  };
+  // f(group ops, stream tag) for a row's variant and output alignment.
+  auto with_ops = [&](int variant, SO* out, auto&& f) OPGYM_INLINE {
+    const bool stream = job.stream_out && (reinterpret_cast<uintptr_t>(out) & 63) == 0;
+    auto go = [&](auto sx) OPGYM_INLINE {
+      if (stream) f(sx, std::true_type{});
+      else f(sx, std::false_type{});
+    };
+    if (variant == 2) go(SZeroFree{});
+    else if (variant == 1) go(S{});
+    else go(SExact{});
   };
 
   // Squares added by FMA where that is exact (Row32::add_squares): fp16 always; bf16 where the Guard
   // tracks the smallest |x|, and a row holding a nonzero |x| < 2^-63 is summed again the plain way.
   constexpr bool kFusedBf16 = TX::dtype == DType::bfloat16 && Guard::kActive;
   constexpr bool kFused = TX::dtype == DType::float16 || kFusedBf16;
+  // A row's sum of squares, its smallest nonzero |x| (Guard) and whether it holds a zero, in torch's
+  // order, with `hook` run between its ILP rows; rows with tiny bf16 values summed again the plain way.
+  auto sum_row = [&](const SX* x, float& sum, float& xmin, bool& xzero, auto&& hook) OPGYM_INLINE {
+    typename Guard::Row track;
+    alignas(32) float tl[1], ln[1][8];
+    torch_order_sum<TX, 1, kFused>(&x, dim, &track, tl, ln, hook);
+    finish_sums(1, tl, ln, &sum);
+    xmin = track.min_nonzero(x, dim, xzero);
+    if constexpr (kFusedBf16) {
+      if (xmin != 0.0f && xmin < 0x1p-63f) {
+        typename Guard::Row unused;
+        torch_order_sum<TX, 1, false>(&x, dim, &unused, tl, ln);
+        finish_sums(1, tl, ln, &sum);
+      }
+    }
+  };
+  if (job.overlap && job.torch_order && begin < end) {
+    // Overlapped mode, for rows streamed from L3 or memory: pass 2 of row r - 1 runs inside pass 1 of
+    // row r (a group after every second ILP row), so the next row's reads and add chains overlap the
+    // previous row's scaling and its write stream instead of taking turns (docs/PERF.md, v23).
+    const SX* px = nullptr;
+    SO* pout = nullptr;
+    float prinv = 0.0f;
+    int pvariant = 0;
+    const int64_t groups = body / kG;
+    for (int64_t r = begin; r <= end; ++r) {
+      const SX* x = nullptr;
+      SO* out = nullptr;
+      if (r < end) row_ptrs(r, x, out);
+      float sum = 0.0f, xmin = 0.0f;
+      bool xzero = false;
+      if (!px) {
+        sum_row(x, sum, xmin, xzero, NoHook{});
+      } else {
+        with_ops(pvariant, pout, [&](auto sx, auto stream) OPGYM_INLINE {
+          int64_t g = 0;
+          auto hook = [&](int64_t i) OPGYM_INLINE {
+            if ((i & 1) && g < groups) scale_range(sx, stream, px, pout, prinv, g * kG, (g + 1) * kG, false, nullptr), ++g;
+          };
+          if (x) sum_row(x, sum, xmin, xzero, hook);
+          scale_range(sx, stream, px, pout, prinv, g * kG, body, true, nullptr);
+        });
+      }
+      if (!x) break;
+      const float rinv = 1.0f / std::sqrt(sum / static_cast<float>(dim) + job.eps);
+      px = x, pout = out, prinv = rinv, pvariant = variant_of(sum, rinv, xmin, xzero);
+    }
+    if (job.stream_out) stream_fence();
+    return;
+  }
+
   float sums[kRowBatch], rinv[kRowBatch], xmin[kRowBatch];
   bool xzero[kRowBatch];
   for (int64_t r0 = begin; r0 < end; r0 += batch) {
@@ -235,31 +324,14 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
     }
     for (int k = 0; k < n; ++k) rinv[k] = 1.0f / std::sqrt(sums[k] / static_cast<float>(dim) + job.eps);
     for (int k = 0; k < n; ++k) {  // pass 2: scale, round, store
-      const SX* x = xs[k];
-      SO* out = outs[k];
       const SX* next = nullptr;  // the row at this position in the next batch
       if (prefetch && r0 + n + k < end) {
         SO* unused;
         row_ptrs(r0 + n + k, next, unused);
       }
-      const bool stream = job.stream_out && (reinterpret_cast<uintptr_t>(out) & 63) == 0;
-      auto run = [&](auto sx) {
-        if (stream) scale_row(sx, std::true_type{}, x, out, rinv[k], next);
-        else scale_row(sx, std::false_type{}, x, out, rinv[k], next);
-      };
-      if constexpr (Guard::kActive) {
-        if (guard.fast(sums[k], rinv[k], xmin[k], kHf)) {
-          if constexpr (kHf) {  // only hf mode rounds h, where the two differ
-            if (!xzero[k]) {
-              run(SZeroFree{});
-              continue;
-            }
-          }
-          run(S{});
-          continue;
-        }
-      }
-      run(SExact{});
+      with_ops(variant_of(sums[k], rinv[k], xmin[k], xzero[k]), outs[k], [&](auto sx, auto stream) OPGYM_INLINE {
+        scale_range(sx, stream, xs[k], outs[k], rinv[k], 0, body, true, next);
+      });
     }
   }
   if (job.stream_out) stream_fence();

@@ -50,6 +50,7 @@ RowsFn rows_fn(CpuIsa isa) {
 }
 
 std::atomic<bool> native_bf16_allowed{true};
+std::atomic<int> overlap_mode{-1};
 RmsNormPlan make_plan(const TensorView& x, DType weight_dtype, int threads);
 
 }  // namespace
@@ -67,6 +68,7 @@ bool native_bf16_enabled() {
   return has && native_bf16_allowed.load(std::memory_order_relaxed);
 }
 void set_native_bf16(bool enabled) { native_bf16_allowed.store(enabled, std::memory_order_relaxed); }
+void set_overlap_mode(int mode) { overlap_mode.store(mode, std::memory_order_relaxed); }
 }  // namespace detail
 
 RmsNormPlan plan_rms_norm(const TensorView& x, DType weight_dtype, int threads) {
@@ -182,6 +184,13 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
   job.eps = static_cast<float>(opt.eps);
   job.torch_order = opt.sum_order != SumOrder::lanes64;
   job.stream_out = out.numel() * static_cast<int64_t>(dtype_size(out.dtype)) >= detail::kStreamOutBytes;
+  const int overlap = overlap_mode.load(std::memory_order_relaxed);
+  const int64_t row_bytes = dim * static_cast<int64_t>(dtype_size(x.dtype));
+  const int64_t per_thread = plan.rows * row_bytes / std::max(1, plan.threads);
+  job.overlap = overlap == 1 ||
+                (overlap == -1 && plan.rows >= 2 &&
+                 ((row_bytes >= detail::kOverlapLongRowBytes && per_thread >= detail::kOverlapLongBytesPerThread) ||
+                  (row_bytes >= detail::kOverlapRowBytes && per_thread >= detail::kOverlapBytesPerThread)));
   job.dim = dim;
   int64_t xs = 0, os = 0;
   job.collapse = detail::leading_collapse(x, xs) && detail::leading_collapse(out, os);

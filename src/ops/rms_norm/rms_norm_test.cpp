@@ -86,8 +86,12 @@ TEST_P(RmsNormMatrix, BitExactWithBasicOpsAndBoundedAgainstFloat64) {
       shape.push_back(dim);
       for (Layout layout : {Layout::contiguous, Layout::row_strided, Layout::in_place}) {
         if (layout == Layout::in_place && ot != xt) continue;  // out dtype differs: no in-place form
-        for (auto [mode, order] : {std::pair{NormMode::hf, SumOrder::automatic}, std::pair{NormMode::fp32, SumOrder::automatic},
-                                   std::pair{NormMode::hf, SumOrder::lanes64}}) {
+        for (auto [mode, order, overlap] : {std::tuple{NormMode::hf, SumOrder::automatic, -1},
+                                            std::tuple{NormMode::fp32, SumOrder::automatic, -1},
+                                            std::tuple{NormMode::hf, SumOrder::lanes64, -1},
+                                            std::tuple{NormMode::hf, SumOrder::automatic, 1},  // every row overlapped
+                                            std::tuple{NormMode::fp32, SumOrder::automatic, 1}}) {
+          detail::set_overlap_mode(overlap);
           const uint64_t seed = 1000 * rank + dim;
           Strided x = make_strided(shape, xt, seed, 0);
           if (layout == Layout::contiguous) x.view = (x.storage = gather(x.view)).view();
@@ -112,9 +116,10 @@ TEST_P(RmsNormMatrix, BitExactWithBasicOpsAndBoundedAgainstFloat64) {
           }
           rms_norm(x.view, w.view(), out, opt);
           const Buffer got = gather(out);
+          detail::set_overlap_mode(-1);
           const std::string where = std::string(dtype_name(xt)) + "/" + dtype_name(wt) + " " + isa_name(isa) + " " +
-                                    layout_name(layout) + " " + mode_name(mode) + " " + sum_order_name(order) + " " +
-                                    out.shape_str();
+                                    layout_name(layout) + " " + mode_name(mode) + " " + sum_order_name(order) +
+                                    (overlap == 1 ? " overlapped " : " ") + out.shape_str();
           ASSERT_EQ(got.bytes, want.bytes) << "not bit-identical to the basic-op golden: " << where;
 
           // Bound against float64: the dtype roundings (h to x in hf mode, y to out), plus the fp32
@@ -132,7 +137,7 @@ TEST_P(RmsNormMatrix, BitExactWithBasicOpsAndBoundedAgainstFloat64) {
       }
     }
   }
-  EXPECT_GT(checked, 400);
+  EXPECT_GT(checked, 600);
   set_cpu_isa(best_cpu_isa());
 }
 
