@@ -65,6 +65,7 @@ struct RmsNormPlan {
   int64_t vector_body = 0;   // elements of a row covered by full vector steps
   int64_t tail = 0;          // elements left for the tail
   int64_t batch_rows = 1;    // short rows are processed this many at a time
+  bool overlapped = false;   // long streamed rows: pass 2 of a row runs inside pass 1 of the next (torch's sum order)
   std::string_view conversions;  // how dtype conversions are done on this path (static text, no allocation)
   DType x_dtype = DType::float32, w_dtype = DType::float32, out_dtype = DType::float32;
   std::string describe() const;  // multi-line, for `opgym explain`

@@ -94,8 +94,9 @@ RmsNormPlan make_plan(const TensorView& x, DType weight_dtype, int threads) {
   const bool all_bf16 = x.dtype == DType::bfloat16 && weight_dtype == DType::bfloat16;
   if (p.isa == CpuIsa::avx512 && all_bf16)
     p.conversions = detail::native_bf16_enabled()
-                        ? "bf16 even/odd lanes; rows proven free of NaN/subnormal results round h by Veltkamp's split "
-                          "and y by AVX512-BF16, other rows by exact integer rounding"
+                        ? "bf16 even/odd lanes; rows proven free of NaN/subnormal results round h by a two-instruction "
+                          "FMA split (Veltkamp's split where the row holds a zero) and y by AVX512-BF16, other rows by "
+                          "exact integer rounding"
                         : "bf16 even/odd lanes; exact integer rounding";
   else if (p.isa == CpuIsa::scalar)
     p.conversions = "scalar, bit-exact with torch";
@@ -114,6 +115,12 @@ RmsNormPlan make_plan(const TensorView& x, DType weight_dtype, int threads) {
   } else {
     p.threads = static_cast<int>(std::min<int64_t>(avail, p.blocks));
   }
+  const int overlap = overlap_mode.load(std::memory_order_relaxed);
+  const int64_t per_thread = p.rows * row_bytes / p.threads;
+  p.overlapped = overlap == 1 ||
+                 (overlap == -1 && p.rows >= 2 &&
+                  ((row_bytes >= detail::kOverlapLongRowBytes && per_thread >= detail::kOverlapLongBytesPerThread) ||
+                   (row_bytes >= detail::kOverlapRowBytes && per_thread >= detail::kOverlapBytesPerThread)));
   return p;
 }
 }  // namespace
@@ -130,7 +137,8 @@ std::string RmsNormPlan::describe() const {
                                                            std::to_string(vector_elems) + "-lane vectors")
     << ") + tail " << tail << "\n"
     << "  row blocks    " << blocks << " of " << row_block << " rows (threads claim blocks one at a time)\n"
-    << "  row batches   " << batch_rows << " rows: sums first, then sqrt/divide, then scaling\n"
+    << (overlapped ? std::string("  row order     overlapped: pass 2 of each row inside pass 1 of the next\n")
+                   : "  row batches   " + std::to_string(batch_rows) + " rows: sums first, then sqrt/divide, then scaling\n")
     << "  threads       " << threads << "\n"
     << "  isa           " << isa_name(isa) << "\n"
     << "  conversions   " << conversions << "\n";
@@ -184,13 +192,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
   job.eps = static_cast<float>(opt.eps);
   job.torch_order = opt.sum_order != SumOrder::lanes64;
   job.stream_out = out.numel() * static_cast<int64_t>(dtype_size(out.dtype)) >= detail::kStreamOutBytes;
-  const int overlap = overlap_mode.load(std::memory_order_relaxed);
-  const int64_t row_bytes = dim * static_cast<int64_t>(dtype_size(x.dtype));
-  const int64_t per_thread = plan.rows * row_bytes / std::max(1, plan.threads);
-  job.overlap = overlap == 1 ||
-                (overlap == -1 && plan.rows >= 2 &&
-                 ((row_bytes >= detail::kOverlapLongRowBytes && per_thread >= detail::kOverlapLongBytesPerThread) ||
-                  (row_bytes >= detail::kOverlapRowBytes && per_thread >= detail::kOverlapBytesPerThread)));
+  job.overlap = plan.overlapped;
   job.dim = dim;
   int64_t xs = 0, os = 0;
   job.collapse = detail::leading_collapse(x, xs) && detail::leading_collapse(out, os);
