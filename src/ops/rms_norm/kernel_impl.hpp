@@ -14,6 +14,8 @@
 // - The weight is converted to fp32 (with the Gemma offset folded in) once per call, not per row.
 // - Short rows (per-head 128) are taken in batches of up to 16: all sums first, then the divides and
 //   square roots, then all scaling, so each row's serial fold/sqrt/divide latency overlaps the others.
+// - Long rows streamed from L3 or memory (RmsNormJob::overlap) instead scale row r - 1 inside the sum
+//   pass of row r (torch_order_sum's hook), so reads, adds, scaling and writes run together.
 // - A Guard may prove a row safe for a faster, inexact-in-general conversion (AVX512-BF16); a row it
 //   cannot prove takes the exact path. NoGuard: the path's conversions are exact everywhere.
 // - A row's last partial group (dim not a multiple of 64) is read with the missing lanes as zero
