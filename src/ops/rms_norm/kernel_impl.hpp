@@ -230,21 +230,28 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
   // tracks the smallest |x|, and a row holding a nonzero |x| < 2^-63 is summed again the plain way.
   constexpr bool kFusedBf16 = TX::dtype == DType::bfloat16 && Guard::kActive;
   constexpr bool kFused = TX::dtype == DType::float16 || kFusedBf16;
+  // A fused sum (torch's order) of a bf16 row holding a nonzero |x| < 2^-63 may differ from torch's:
+  // that row is summed again with two roundings per square.
+  auto resum_if_tiny = [&](const SX* x, float xmin, float& sum) {
+    if constexpr (kFusedBf16) {
+      if (xmin != 0.0f && xmin < 0x1p-63f) {
+        typename Guard::Row unused;
+        alignas(32) float tl[1], ln[1][8];
+        torch_order_sum<TX, 1, false>(&x, dim, &unused, tl, ln);
+        finish_sums(1, tl, ln, &sum);
+      }
+    }
+    (void)x, (void)xmin, (void)sum;
+  };
   // A row's sum of squares, its smallest nonzero |x| (Guard) and whether it holds a zero, in torch's
-  // order, with `hook` run between its ILP rows; rows with tiny bf16 values summed again the plain way.
+  // order, with `hook` run between its ILP rows.
   auto sum_row = [&](const SX* x, float& sum, float& xmin, bool& xzero, auto&& hook) OPGYM_INLINE {
     typename Guard::Row track;
     alignas(32) float tl[1], ln[1][8];
     torch_order_sum<TX, 1, kFused>(&x, dim, &track, tl, ln, hook);
     finish_sums(1, tl, ln, &sum);
     xmin = track.min_nonzero(x, dim, xzero);
-    if constexpr (kFusedBf16) {
-      if (xmin != 0.0f && xmin < 0x1p-63f) {
-        typename Guard::Row unused;
-        torch_order_sum<TX, 1, false>(&x, dim, &unused, tl, ln);
-        finish_sums(1, tl, ln, &sum);
-      }
-    }
+    resum_if_tiny(x, xmin, sum);
   };
   if (job.overlap && job.torch_order && begin < end) {
     // Overlapped mode, for rows streamed from L3 or memory: pass 2 of row r - 1 runs inside pass 1 of
@@ -315,15 +322,8 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
       }
     }
     for (int k = 0; k < n; ++k) xmin[k] = track[k].min_nonzero(xs[k], dim, xzero[k]);
-    if constexpr (kFusedBf16) {
-      for (int k = 0; k < n; ++k) {
-        if (!job.torch_order || xmin[k] == 0.0f || xmin[k] >= 0x1p-63f) continue;
-        typename Guard::Row unused;  // x^2 may be inexact: torch's two roundings, as they are
-        alignas(32) float tail[1], lane[1][8];
-        torch_order_sum<TX, 1, false>(xs + k, dim, &unused, tail, lane);
-        finish_sums(1, tail, lane, sums + k);
-      }
-    }
+    if (job.torch_order)
+      for (int k = 0; k < n; ++k) resum_if_tiny(xs[k], xmin[k], sums[k]);
     for (int k = 0; k < n; ++k) rinv[k] = 1.0f / std::sqrt(sums[k] / static_cast<float>(dim) + job.eps);
     for (int k = 0; k < n; ++k) {  // pass 2: scale, round, store
       const SX* next = nullptr;  // the row at this position in the next batch
