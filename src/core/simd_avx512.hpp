@@ -4,10 +4,10 @@
 //   SimdBf16  even/odd split, for kernels whose every tensor is bf16: one 64-byte load of 32 bf16,
 //             read as 16 dwords, gives the even elements by a shift and the odd ones by a mask
 //             (2 ops per 32 elements instead of 4), and stores re-interleave with one permute.
-// bf16 rounding: VCVTNEPS2BF16 (AVX512-BF16) rounds to nearest even but flushes subnormals and
-// rewrites NaN payloads, so every group is checked with VFPCLASSPS and a group holding a subnormal
-// or NaN takes the integer rounding, which is exact. Without AVX512-BF16 the integer rounding is
-// used throughout.
+// bf16 rounding: VCVTNE2PS2BF16 (AVX512-BF16) rounds to nearest even but flushes subnormals and
+// rewrites NaN payloads, so SimdBf16 uses it (and its other shortcuts) only on rows Bf16Guard has
+// proven free of both; every other row, and every row without AVX512-BF16, takes the integer
+// rounding, which is exact.
 #pragma once
 #include <immintrin.h>
 
@@ -46,9 +46,6 @@ template <bool kStream> inline void store512(void* p, __m512i v) {
   if constexpr (kStream) _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v);
   else _mm512_storeu_si512(p, v);
 }
-
-// Lanes the hardware bf16 conversion would get wrong: NaN (payload) and subnormal (flushed).
-inline __mmask16 needs_exact(__m512 f) { return _mm512_fpclass_ps_mask(f, 0x01 | 0x80 | 0x20); }
 
 struct Simd {
   static constexpr int kGroup = 64, kRegs = 4;

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <list>
 #include <mutex>
-#include <string>
 
 namespace opgym_torch {
 namespace {
@@ -126,9 +125,9 @@ class OutputCache final : public c10::Allocator {
 
 }  // namespace
 
-at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
-  return at::detail::empty_generic(sizes, &OutputCache::get(), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                   c10::typeMetaToScalarType(options.dtype()), c10::MemoryFormat::Contiguous);
+at::Tensor empty_output(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::detail::empty_generic(sizes, &OutputCache::get(), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
+                                   c10::MemoryFormat::Contiguous);
 }
 
 OutputCacheInfo output_cache_info() { return OutputCache::get().info(); }

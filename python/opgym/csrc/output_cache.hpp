@@ -20,7 +20,7 @@
 namespace opgym_torch {
 
 // A contiguous CPU tensor for an operator's output, from the cache when the size qualifies.
-at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options);
+at::Tensor empty_output(at::IntArrayRef sizes, at::ScalarType dtype);
 
 struct OutputCacheInfo {
   int64_t limit_bytes, cached_bytes, cached_blocks, hits, misses;
