@@ -1,5 +1,6 @@
-"""The functional CPU operator's output cache (python/opgym/csrc/output_cache.hpp): freed outputs of
-at least 1 MiB are reused by later calls instead of fresh pages, within a byte limit."""
+"""The functional CPU operator's output cache (python/opgym/csrc/output_cache.hpp): freed outputs are
+reused by later calls (large ones instead of fresh pages, small ones instead of malloc), within a
+byte limit."""
 from __future__ import annotations
 
 import os
@@ -65,13 +66,44 @@ def test_blocks_serve_only_sizes_that_fit(cache):
     assert opgym.output_cache_info()["cached_blocks"] == 1
 
 
-def test_small_outputs_bypass_the_cache(cache):
-    before = opgym.output_cache_info()
-    x, w = _inputs(64)  # 256 KiB
-    for _ in range(3):
-        torch.ops.opgym.rms_norm(x, w, 1e-6)
-    after = opgym.output_cache_info()
-    assert (after["hits"], after["misses"], after["cached_bytes"]) == (before["hits"], before["misses"], 0)
+def test_small_outputs_reuse_a_freed_block_of_their_exact_size(cache):
+    x, w = _inputs(1)  # a decode step's 4 KiB output
+    y = torch.ops.opgym.rms_norm(x, w, 1e-6)
+    ptr = y.data_ptr()
+    del y
+    info = opgym.output_cache_info()
+    assert info["cached_blocks"] == 1 and info["cached_bytes"] == 4096
+    x2 = _inputs(1, seed=5)[0]
+    y2 = torch.ops.opgym.rms_norm(x2, w, 1e-6)
+    assert y2.data_ptr() == ptr and y2.data_ptr() % 64 == 0
+    assert opgym.output_cache_info()["hits"] == info["hits"] + 1
+    assert torch.equal(y2, _want(x2, w))
+    del y2
+    x3, w3 = _inputs(1, dim=1024)  # 2 KiB: another size class, never handed the 4 KiB block
+    assert torch.ops.opgym.rms_norm(x3, w3, 1e-6).data_ptr() != ptr
+    assert opgym.output_cache_info()["cached_bytes"] == 4096 + 2048
+
+
+def test_at_most_64_small_blocks_are_held(cache):
+    x, w = _inputs(1)
+    ys = [torch.ops.opgym.rms_norm(x, w, 1e-6) for _ in range(100)]
+    del ys
+    info = opgym.output_cache_info()
+    assert info["cached_blocks"] == 64 and info["cached_bytes"] == 64 * 4096
+    opgym.empty_output_cache()
+    assert opgym.output_cache_info()["cached_blocks"] == 0
+
+
+def test_a_small_block_never_displaces_a_large_one(cache):
+    opgym.set_output_cache_limit(2 * MIB)
+    x, w = _inputs(512)
+    y = torch.ops.opgym.rms_norm(x, w, 1e-6)
+    ptr = y.data_ptr()
+    small = torch.ops.opgym.rms_norm(_inputs(1)[0], w, 1e-6)
+    del y, small  # the 2 MiB block fills the limit: the 4 KiB one is freed, not kept
+    info = opgym.output_cache_info()
+    assert info["cached_blocks"] == 1 and info["cached_bytes"] == 2 * MIB
+    assert torch.ops.opgym.rms_norm(x, w, 1e-6).data_ptr() == ptr
 
 
 def test_limit_evicts_the_least_recently_freed(cache):
@@ -89,9 +121,10 @@ def test_limit_evicts_the_least_recently_freed(cache):
 def test_limit_zero_turns_it_off(cache):
     opgym.set_output_cache_limit(0)
     before = opgym.output_cache_info()
-    x, w = _inputs(512)
-    for _ in range(3):
-        assert torch.equal(torch.ops.opgym.rms_norm(x, w, 1e-6), _want(x, w))
+    for rows in (512, 1):
+        x, w = _inputs(rows)
+        for _ in range(3):
+            assert torch.equal(torch.ops.opgym.rms_norm(x, w, 1e-6), _want(x, w))
     after = opgym.output_cache_info()
     assert after["cached_bytes"] == 0 and after["hits"] == before["hits"] and after["misses"] == before["misses"]
 

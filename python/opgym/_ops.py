@@ -85,8 +85,9 @@ def rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, mode: st
 def output_cache_info() -> dict:
     """The functional CPU operator's output cache: limit_bytes, cached_bytes, cached_blocks, hits, misses.
 
-    Outputs of at least 1 MiB reuse the blocks of freed outputs (their pages already mapped) instead
-    of fresh memory from the OS; see docs/ARCHITECTURE.md. The limit starts at the environment's
+    Outputs reuse the blocks of freed outputs: from 1 MiB any block of 7/8 to 1x the size (its pages
+    already mapped, instead of fresh memory from the OS), below that a block of the same size (at
+    most 64 held, instead of malloc); see docs/ARCHITECTURE.md. The limit starts at the environment's
     OPGYM_OUTPUT_CACHE_MB (default 256).
     """
     _require()

@@ -8,12 +8,16 @@
 #include <cstdlib>
 #include <list>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 namespace opgym_torch {
 namespace {
 
-constexpr size_t kMinBytes = size_t{1} << 20;  // below this torch's allocator does well enough
-constexpr size_t kAlign = 4096;                 // page-aligned blocks (64 would do for the kernels)
+constexpr size_t kLargeBytes = size_t{1} << 20;  // from here: page-aligned blocks, served from 7/8 of their size
+constexpr size_t kAlign = 4096;
+constexpr size_t kSmallAlign = 64;       // smaller requests: exact 64-byte size classes, ...
+constexpr size_t kMaxSmallBlocks = 64;   // ... at most this many blocks held
 
 struct Block {
   void* data;
@@ -33,14 +37,23 @@ class OutputCache final : public c10::Allocator {
   }
 
   c10::DataPtr allocate(size_t n) override {
-    if (n < kMinBytes || limit() == 0) return c10::GetDefaultCPUAllocator()->allocate(n);
-    const size_t bytes = (n + kAlign - 1) / kAlign * kAlign;
-    Block* b = take(bytes);
+    if (n == 0) return c10::GetDefaultCPUAllocator()->allocate(n);
+    const bool small = n < kLargeBytes;
+    const size_t align = small ? kSmallAlign : kAlign;
+    const size_t bytes = (n + align - 1) / align * align;
+    Block* b = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (limit_ == 0) return c10::GetDefaultCPUAllocator()->allocate(n);
+      b = small ? take_small(bytes) : take(bytes);
+      if (b) ++hits_;
+      else ++misses_;
+    }
     if (!b) {
-      void* p = std::aligned_alloc(kAlign, bytes);
+      void* p = std::aligned_alloc(align, bytes);
       if (!p) {  // what the cache holds may be what is missing
         clear();
-        p = std::aligned_alloc(kAlign, bytes);
+        p = std::aligned_alloc(align, bytes);
       }
       TORCH_CHECK_WITH(OutOfMemoryError, p, "opgym: not enough memory for a ", bytes, "-byte output");
       b = new Block{p, bytes};
@@ -52,7 +65,7 @@ class OutputCache final : public c10::Allocator {
 
   OutputCacheInfo info() {
     std::lock_guard<std::mutex> lk(mu_);
-    return {limit_, static_cast<int64_t>(cached_bytes_), static_cast<int64_t>(free_.size()), hits_, misses_};
+    return {limit_, static_cast<int64_t>(cached_bytes_), static_cast<int64_t>(free_.size() + small_blocks_), hits_, misses_};
   }
   void set_limit(int64_t bytes) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -70,25 +83,27 @@ class OutputCache final : public c10::Allocator {
   }
 
  private:
-  int64_t limit() {
-    std::lock_guard<std::mutex> lk(mu_);
-    return limit_;
-  }
-  // The smallest cached block of at least `bytes` and at most 8/7 of it, taken out of the cache.
+  // The smallest cached large block of at least `bytes` and at most 8/7 of it, taken out of the
+  // cache; mu_ held.
   Block* take(size_t bytes) {
-    std::lock_guard<std::mutex> lk(mu_);
     auto best = free_.end();
     for (auto it = free_.begin(); it != free_.end(); ++it)
       if ((*it)->bytes >= bytes && (*it)->bytes - bytes <= bytes / 7 && (best == free_.end() || (*it)->bytes < (*best)->bytes))
         best = it;
-    if (best == free_.end()) {
-      ++misses_;
-      return nullptr;
-    }
-    ++hits_;
+    if (best == free_.end()) return nullptr;
     Block* b = *best;
     cached_bytes_ -= b->bytes;
     free_.erase(best);
+    return b;
+  }
+  // The most recently freed small block of exactly `bytes` (still warm in cache); mu_ held.
+  Block* take_small(size_t bytes) {
+    auto it = small_.find(bytes);
+    if (it == small_.end() || it->second.empty()) return nullptr;
+    Block* b = it->second.back();
+    it->second.pop_back();
+    --small_blocks_;
+    cached_bytes_ -= b->bytes;
     return b;
   }
   static void release(void* ctx) {
@@ -100,17 +115,36 @@ class OutputCache final : public c10::Allocator {
       destroy(b);
       return;
     }
+    if (b->bytes < kLargeBytes) {  // small: kept while there is room, never at a large block's expense
+      if (c.small_blocks_ >= kMaxSmallBlocks || c.cached_bytes_ + b->bytes > static_cast<size_t>(c.limit_)) {
+        lk.unlock();
+        destroy(b);
+        return;
+      }
+      c.small_[b->bytes].push_back(b);
+      ++c.small_blocks_;
+      c.cached_bytes_ += b->bytes;
+      return;
+    }
     c.evict_to(static_cast<size_t>(c.limit_) - b->bytes);
     c.free_.push_back(b);  // the back is the most recently freed
     c.cached_bytes_ += b->bytes;
   }
-  void evict_to(size_t bytes) {  // the least recently freed first; mu_ held
+  void evict_to(size_t bytes) {  // large blocks, the least recently freed first, then small ones; mu_ held
     while (cached_bytes_ > bytes && !free_.empty()) {
       Block* b = free_.front();
       free_.pop_front();
       cached_bytes_ -= b->bytes;
       destroy(b);
     }
+    for (auto it = small_.begin(); cached_bytes_ > bytes && it != small_.end(); ++it)
+      while (cached_bytes_ > bytes && !it->second.empty()) {
+        Block* b = it->second.back();
+        it->second.pop_back();
+        --small_blocks_;
+        cached_bytes_ -= b->bytes;
+        destroy(b);
+      }
   }
   static void destroy(Block* b) {
     std::free(b->data);
@@ -118,8 +152,9 @@ class OutputCache final : public c10::Allocator {
   }
 
   std::mutex mu_;
-  std::list<Block*> free_;
-  size_t cached_bytes_ = 0;
+  std::list<Block*> free_;                                  // large blocks, least recently freed first
+  std::unordered_map<size_t, std::vector<Block*>> small_;  // small blocks by size
+  size_t small_blocks_ = 0, cached_bytes_ = 0;
   int64_t limit_ = 0, hits_ = 0, misses_ = 0;
 };
 
