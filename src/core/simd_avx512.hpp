@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "core/simd_avx_common.hpp"
@@ -331,6 +332,10 @@ struct Bf16Guard {
   static constexpr bool kActive = true;
   bool weight_ok = false;
   float w_min = 0;
+  // A row whose h = min|x| * rinv reaches this is proven without the exact test below: then
+  // h >= 2^-126 and bf16(h) > h / 2 >= 2^-126 / w_min, so h and every product are normal. The common
+  // row takes one multiply and one compare instead of the rounding and the double product (docs/PERF.md v25).
+  float h_sure = 0;
   void weight(const uint16_t* w, int64_t dim, bool offset) {
     Bf16Range r;
     int64_t i = 0;
@@ -338,6 +343,10 @@ struct Bf16Guard {
     if (i < dim) r.add(_mm512_maskz_loadu_epi16((__mmask32)((1ull << (dim - i)) - 1), w + i));
     weight_ok = !offset && r.all_finite();
     w_min = r.min_nonzero();
+    // max(2^-126, 2^-125 / w_min) in double, then the next float up unless exact (inf if w_min is tiny)
+    const double sure = w_min > 0.0f ? std::max(0x1p-126, 0x1p-125 / w_min) : 0x1p-126;
+    h_sure = static_cast<float>(sure);
+    if (static_cast<double>(h_sure) < sure) h_sure = std::nextafter(h_sure, INFINITY);
   }
   // Per-row state: the minimum of |x| (the bf16 bits without the sign) over the row, zeros included
   // (see min_nonzero). A mask and an unsigned min: no shift, so it competes with nothing for port 0.
@@ -372,7 +381,8 @@ struct Bf16Guard {
     if (!weight_ok || !(sum <= 3.4e38f) || !(rinv <= 3.4e38f)) return false;
     if (xmin == 0.0f || w_min == 0.0f) return true;  // all-zero x or w: products are exact zeros
     constexpr double kMinNormal = 0x1p-126;
-    float h = static_cast<float>(static_cast<double>(xmin) * rinv);
+    float h = xmin * rinv;  // one rounding of the exact product, as the kernel's h = x * rinv
+    if (h >= h_sure) return true;
     if (hf) {
       if (h < kMinNormal) return false;
       h = bf16_to_f32(f32_to_bf16(h));

@@ -200,7 +200,7 @@ TEST(RmsNorm, NanAndInfPropagateAsTorchsFormula) {
 TEST(RmsNorm, Bf16FastPathFallsBackWhereHardwareRoundingWouldDiffer) {
   if (!cpu_supports(CpuIsa::avx512)) GTEST_SKIP() << "no AVX-512";
   set_cpu_isa(CpuIsa::avx512);
-  const int64_t rows = 6, dim = 200;
+  const int64_t rows = 7, dim = 200;
   auto bits = [](float v) { return f32_to_bf16(v); };
   for (int weight_case = 0; weight_case < 4; ++weight_case) {
     Buffer x = cases::make_normal(TensorSpec{"x", {rows, dim}, DType::bfloat16}, 21, 0);
@@ -210,6 +210,8 @@ TEST(RmsNorm, Bf16FastPathFallsBackWhereHardwareRoundingWouldDiffer) {
     xs[0 * dim + 3] = bits(0x1p-131f);           // row 0: a subnormal x gives a subnormal h
     xs[1 * dim + 9] = bits(0x1p-120f);           // row 1: normal h, but h * small weight is subnormal
     ws[9] = bits(weight_case == 0 ? 0x1p-20f : 0.5f);
+    xs[6 * dim + 11] = bits(0x1p-110f);           // row 6: h * small weight is a bf16 subnormal
+    ws[11] = bits(weight_case == 0 ? 0x1p-20f : 0.5f);  // (2^-130: the native store would flush it)
     xs[2 * dim + 0] = 0;                          // row 2: zeros (the cheap minimum must skip them)
     xs[2 * dim + 100] = 0x8000;                   // -0 (the zero-free FMA split would give +0 here)
     for (int64_t i = 0; i < dim; ++i) xs[3 * dim + i] = 0;  // row 3: all zeros
