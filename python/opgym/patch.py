@@ -174,6 +174,9 @@ def _count(stats_list, fused: bool, reason: str | None = None) -> None:
 
 def _make_forward(module: nn.Module, original, eps: float, handle_stats: Stats, devices):
     counters = (_GLOBAL, handle_stats)
+    op = torch.ops.opgym.rms_norm.default  # resolved once; mode "hf" and weight_offset False are its defaults
+    cuda = "cuda" in devices
+    fused_dtypes = _FUSED_DTYPES
 
     def forward(self, hidden_states, *args, **kwargs):
         if torch.compiler.is_compiling():
@@ -189,14 +192,20 @@ def _make_forward(module: nn.Module, original, eps: float, handle_stats: Stats, 
         if not enabled():
             _count(counters, False, f"{ENV_SWITCH}=0")
             return original(hidden_states)
-        reason = _fallback_reason(hidden_states, self.weight, devices)
-        if reason is not None:
-            _count(counters, False, reason)
+        # The eager path is per token at decode, so it checks only what the operator would accept but
+        # compute wrongly (a gradient needed) or refuse on every call (device, dtype), with the
+        # cheapest attributes; the rest (shapes, strides, the weight's device) the operator checks
+        # itself, and its error sends the call to the original forward with the reason named.
+        w = self.weight
+        if not (isinstance(hidden_states, torch.Tensor) and (hidden_states.is_cpu or (cuda and hidden_states.is_cuda))
+                and hidden_states.dtype in fused_dtypes and w.dtype in fused_dtypes
+                and not (torch.is_grad_enabled() and (hidden_states.requires_grad or w.requires_grad))):
+            _count(counters, False, _fallback_reason(hidden_states, w, devices) or "not served")
             return original(hidden_states)
         try:
-            out = torch.ops.opgym.rms_norm(hidden_states, self.weight, eps, "hf", False)
+            out = op(hidden_states, w, eps)
         except Exception as e:  # noqa: BLE001 - never raise because of opgym
-            _count(counters, False, f"opgym error: {type(e).__name__}")
+            _count(counters, False, _fallback_reason(hidden_states, w, devices) or f"opgym error: {type(e).__name__}")
             return original(hidden_states)
         _count(counters, True)
         return out
