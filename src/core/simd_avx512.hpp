@@ -343,7 +343,8 @@ struct Bf16Guard {
     if (i < dim) r.add(_mm512_maskz_loadu_epi16((__mmask32)((1ull << (dim - i)) - 1), w + i));
     weight_ok = !offset && r.all_finite();
     w_min = r.min_nonzero();
-    // max(2^-126, 2^-125 / w_min) in double, then the next float up unless exact (inf if w_min is tiny)
+    // max(2^-126, 2^-125 / w_min) in double (at most 2^8: w_min >= 2^-133), then the next float up
+    // unless exact
     const double sure = w_min > 0.0f ? std::max(0x1p-126, 0x1p-125 / w_min) : 0x1p-126;
     h_sure = static_cast<float>(sure);
     if (static_cast<double>(h_sure) < sure) h_sure = std::nextafter(h_sure, INFINITY);

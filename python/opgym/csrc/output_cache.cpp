@@ -153,7 +153,7 @@ class OutputCache final : public c10::Allocator {
 
   std::mutex mu_;
   std::list<Block*> free_;                                  // large blocks, least recently freed first
-  std::unordered_map<size_t, std::vector<Block*>> small_;  // small blocks by size
+  std::unordered_map<size_t, std::vector<Block*>> small_;  // small blocks by size (an entry per size seen)
   size_t small_blocks_ = 0, cached_bytes_ = 0;
   int64_t limit_ = 0, hits_ = 0, misses_ = 0;
 };
