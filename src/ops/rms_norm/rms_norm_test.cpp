@@ -417,6 +417,20 @@ TEST(RmsNorm, PlanFollowsTheShape) {
   EXPECT_EQ(plan(odd, 1, 2).vector_body, 5120);
   EXPECT_EQ(plan(odd, 1, 2).tail, 5);
   EXPECT_NE(plan(prefill, 3, 2).describe().find("row blocks"), std::string::npos);
+  // Row blocks end on a 64-byte line of the (contiguous) output, whatever the row length, so no two
+  // threads write one line: 1500 bf16 = 3000 bytes (gcd 8 with 64: blocks of 8k rows), 1001 fp32
+  // (gcd 4: 16k rows), and with the promotion to fp32 the output row, not x's, decides.
+  for (const auto& [d, xd, wd] : {std::tuple{int64_t{1500}, DType::bfloat16, DType::bfloat16},
+                                  std::tuple{int64_t{1001}, DType::float32, DType::float32},
+                                  std::tuple{int64_t{999}, DType::bfloat16, DType::float32},
+                                  std::tuple{int64_t{2048}, DType::bfloat16, DType::bfloat16}}) {
+    const int64_t shape[] = {4096, d};
+    const auto p = plan_rms_norm(TensorView::contiguous(nullptr, xd, shape, 2), wd, 2);
+    const int64_t out_row = d * static_cast<int64_t>(dtype_size(rms_norm_out_dtype(xd, wd)));
+    EXPECT_GT(p.blocks, 1) << d;
+    EXPECT_EQ(p.row_block * out_row % 64, 0) << d << " rows " << p.row_block;
+    EXPECT_EQ(p.blocks, (4096 + p.row_block - 1) / p.row_block) << d;
+  }
 }
 
 // ---- errors: named argument, expected value, nothing written ----------------------------------
