@@ -145,21 +145,28 @@ def _devices_with_kernel() -> frozenset:
     return frozenset(devs)
 
 
-def _fallback_reason(x, w, devices) -> str | None:
+def _fallback_reason(x, w, devices, full: bool = True) -> str | None:
+    """Why the fused op must not take this call, or None. Up front (full=False, the eager per-call
+    path) only what the op would compute wrongly (a gradient needed) or refuse on every call (device,
+    dtype), by the cheapest attributes; full=True adds what the op checks itself (the weight's
+    device, shapes, strides), to name the reason after the op refused, and for torch.compile's trace,
+    which must not reach an op that would refuse."""
     if not isinstance(x, torch.Tensor):
         return "input is not a tensor"
-    if x.device.type not in devices:
+    if not (x.is_cpu or (x.is_cuda and "cuda" in devices)):
         return f"no opgym kernel for device {x.device.type}"
     if x.dtype not in _FUSED_DTYPES or w.dtype not in _FUSED_DTYPES:
         return f"dtype {x.dtype}/{w.dtype} not supported"
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        return "gradient needed (opgym::rms_norm has no backward)"
+    if not full:
+        return None
     if w.device != x.device:
         return "weight and input on different devices"
     if x.dim() < 1 or x.shape[-1] != w.shape[0]:
         return "shape mismatch"
     if x.shape[-1] > 1 and x.stride(-1) != 1:
         return "last dim not contiguous"
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
-        return "gradient needed (opgym::rms_norm has no backward)"
     return None
 
 
@@ -175,8 +182,6 @@ def _count(stats_list, fused: bool, reason: str | None = None) -> None:
 def _make_forward(module: nn.Module, original, eps: float, handle_stats: Stats, devices):
     counters = (_GLOBAL, handle_stats)
     op = torch.ops.opgym.rms_norm.default  # resolved once; mode "hf" and weight_offset False are its defaults
-    cuda = "cuda" in devices
-    fused_dtypes = _FUSED_DTYPES
 
     def forward(self, hidden_states, *args, **kwargs):
         if torch.compiler.is_compiling():
@@ -192,15 +197,11 @@ def _make_forward(module: nn.Module, original, eps: float, handle_stats: Stats, 
         if not enabled():
             _count(counters, False, f"{ENV_SWITCH}=0")
             return original(hidden_states)
-        # The eager path is per token at decode, so it checks only what the operator would accept but
-        # compute wrongly (a gradient needed) or refuse on every call (device, dtype), with the
-        # cheapest attributes; the rest (shapes, strides, the weight's device) the operator checks
-        # itself, and its error sends the call to the original forward with the reason named.
+        # Per token at decode: only the up-front checks; the op checks the rest itself.
         w = self.weight
-        if not (isinstance(hidden_states, torch.Tensor) and (hidden_states.is_cpu or (cuda and hidden_states.is_cuda))
-                and hidden_states.dtype in fused_dtypes and w.dtype in fused_dtypes
-                and not (torch.is_grad_enabled() and (hidden_states.requires_grad or w.requires_grad))):
-            _count(counters, False, _fallback_reason(hidden_states, w, devices) or "not served")
+        reason = _fallback_reason(hidden_states, w, devices, False)
+        if reason is not None:
+            _count(counters, False, reason)
             return original(hidden_states)
         try:
             out = op(hidden_states, w, eps)
