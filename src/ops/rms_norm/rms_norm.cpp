@@ -108,9 +108,12 @@ RmsNormPlan make_plan(const TensorView& x, DType weight_dtype, int threads) {
   // Threads write whole row blocks; a block of a contiguous output should end on a 64-byte line, or
   // two threads write the same line at every block boundary. Rows of out_row bytes reach one after a
   // multiple of 64 / gcd(out_row, 64) rows (1 for every row length that is a multiple of 64 bytes).
+  // Rows so long that a block holds fewer keep their blocks: a line shared per >= 32 KiB is noise, and
+  // fewer, larger blocks would leave threads idle.
   const int64_t out_row = p.dim * static_cast<int64_t>(dtype_size(p.out_dtype));
   const int64_t line_rows = out_row > 0 ? 64 / std::gcd<int64_t>(out_row, 64) : 1;
-  p.row_block = std::max<int64_t>(line_rows, kBlockBytes / row_bytes / line_rows * line_rows);
+  const int64_t by_bytes = std::max<int64_t>(1, kBlockBytes / row_bytes);
+  p.row_block = by_bytes >= line_rows ? by_bytes / line_rows * line_rows : by_bytes;
   p.blocks = p.rows == 0 ? 0 : (p.rows + p.row_block - 1) / p.row_block;
   const int64_t moved = p.rows * p.dim * static_cast<int64_t>(dtype_size(x.dtype) + dtype_size(p.out_dtype));
   const int avail = threads > 0 ? threads : default_executor().max_threads();

@@ -431,6 +431,9 @@ TEST(RmsNorm, PlanFollowsTheShape) {
     EXPECT_EQ(p.row_block * out_row % 64, 0) << d << " rows " << p.row_block;
     EXPECT_EQ(p.blocks, (4096 + p.row_block - 1) / p.row_block) << d;
   }
+  // Long odd rows keep ~64 KiB blocks rather than blocks of 32 rows (6.4 MB here) that would idle threads.
+  const int64_t long_odd[] = {64, 100001};
+  EXPECT_EQ(plan_rms_norm(TensorView::contiguous(nullptr, DType::bfloat16, long_odd, 2), DType::bfloat16, 8).blocks, 64);
 }
 
 // ---- errors: named argument, expected value, nothing written ----------------------------------
