@@ -75,7 +75,7 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
                         bool weight_offset) {
   const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
   check_device(weight, "weight", x.device());
-  at::Tensor out = empty_output(x.sizes(), out_dtype);  // large ones reused: output_cache.hpp
+  at::Tensor out = empty_output(x.sizes(), out_dtype);  // a freed output reused: output_cache.hpp
   run_core(x, weight, out, eps, mode, weight_offset);
   return out;
 }

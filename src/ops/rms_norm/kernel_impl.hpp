@@ -206,6 +206,8 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
     if (with_tail && tail)
       Sx::template store_n<TO>(out + body, scale(Sx::template load_n<TX>(x + body, tail), body, wt), tail);
   };
+  // HF's rsqrt(mean(x^2) + eps) in fp32, as torch's CPU computes it: 1 / sqrt (see golden.cpp).
+  auto rinv_of = [&](float sum) OPGYM_INLINE { return 1.0f / std::sqrt(sum / static_cast<float>(dim) + job.eps); };
   // Which group ops pass 2 of a row may use: 2 the zero-free fast ones, 1 the fast ones, 0 exact.
   auto variant_of = [&](float sum, float rinv, float xmin, bool xzero) {
     if constexpr (Guard::kActive) {
@@ -281,7 +283,7 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
         });
       }
       if (!x) break;
-      const float rinv = 1.0f / std::sqrt(sum / static_cast<float>(dim) + job.eps);
+      const float rinv = rinv_of(sum);
       px = x, pout = out, prinv = rinv, pvariant = variant_of(sum, rinv, xmin, xzero);
     }
     if (job.stream_out) stream_fence();
@@ -324,7 +326,7 @@ void rows_impl(const detail::RmsNormJob& job, int64_t begin, int64_t end) {
     for (int k = 0; k < n; ++k) xmin[k] = track[k].min_nonzero(xs[k], dim, xzero[k]);
     if (job.torch_order)
       for (int k = 0; k < n; ++k) resum_if_tiny(xs[k], xmin[k], sums[k]);
-    for (int k = 0; k < n; ++k) rinv[k] = 1.0f / std::sqrt(sums[k] / static_cast<float>(dim) + job.eps);
+    for (int k = 0; k < n; ++k) rinv[k] = rinv_of(sums[k]);
     for (int k = 0; k < n; ++k) {  // pass 2: scale, round, store
       const SX* next = nullptr;  // the row at this position in the next batch
       if (prefetch && r0 + n + k < end) {
