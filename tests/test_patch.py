@@ -1,4 +1,4 @@
-"""opgym.patch on tiny random HF models (Qwen2.5-VL with its vision tower, Qwen3, Llama): fused vs
+"""opgym.patch(ops=("rms_norm",)) on tiny random HF models (Qwen2.5-VL with its vision tower, Qwen3, Llama): fused vs
 unpatched outputs, counters, undo, the OPGYM_RMS_NORM switch, fallbacks, skipped (1 + w) norms,
 and torch.compile of a patched HF RMSNorm module (fullgraph, same bits, dynamic length)."""
 from __future__ import annotations
@@ -9,7 +9,8 @@ from torch import nn
 
 import opgym
 import importlib
-patch_mod = importlib.import_module("opgym.patch")
+patch_mod = importlib.import_module("opgym.integrations.rms_norm")
+NORMS = ("rms_norm",)  # these tests count RMSNorm calls: the layers' add+norm fusion is test_add_rms_norm.py's
 from conftest import ulp_diff
 
 TINY_QWEN25VL = {
@@ -91,7 +92,7 @@ def test_qwen2_5_vl(qwen25vl):
     model, inputs = qwen25vl
     with torch.no_grad():
         ref = model(**inputs).logits
-    handle = opgym.patch(model)
+    handle = opgym.patch(model, ops=NORMS)
     try:
         names = set(handle.patched)
         assert {"model.visual.blocks.0.norm1", "model.visual.blocks.1.norm2", "model.visual.merger.ln_q",
@@ -116,7 +117,7 @@ def test_qwen2_5_vl_generate(qwen25vl):
     kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
     with torch.no_grad():
         ref = model.generate(**inputs, **kw)
-        with opgym.patch(model) as handle:
+        with opgym.patch(model, ops=NORMS) as handle:
             got = model.generate(**inputs, **kw)
             st = handle.stats()
     assert st["fused"] > 0 and st["fallback"] == 0
@@ -130,7 +131,7 @@ def test_causal_lms(build):
     with torch.no_grad():
         ref = model(ids).logits
     opgym.reset_stats()
-    handle = opgym.patch(model)
+    handle = opgym.patch(model, ops=NORMS)
     n_layers = model.config.num_hidden_layers
     per_layer = 4 if "Qwen3" in type(model).__name__ else 2
     assert len(handle.patched) == per_layer * n_layers + 1
@@ -139,7 +140,9 @@ def test_causal_lms(build):
         assert "model.layers.1.self_attn.k_norm" in handle.patched
     with torch.no_grad():
         got = model(ids).logits
-    assert handle.stats() == {"fused": len(handle.patched), "fallback": 0, "reasons": {}}
+    st = handle.stats()
+    assert (st["fused"], st["fallback"], st["reasons"]) == (len(handle.patched), 0, {})
+    assert st["ops"] == {"rms_norm": {"fused": len(handle.patched), "fallback": 0, "reasons": {}}}
     assert opgym.stats()["fused"] == len(handle.patched)
     _compare_logits(ref, got)
     handle.undo()
@@ -159,7 +162,7 @@ def test_qwen3_norm_outputs_within_bound():
             seen[name] = (args[0].detach().clone(), out.detach().clone())
         return hook
 
-    handle = opgym.patch(model)
+    handle = opgym.patch(model, ops=NORMS)
     hooks = [m.register_forward_hook(grab(n)) for n, m in opgym.find_rms_norms(model)]
     with torch.no_grad():
         model(ids)
@@ -181,7 +184,7 @@ def test_env_switch_at_call_time(monkeypatch):
     ids = _ids()
     with torch.no_grad():
         ref = model(ids).logits
-    handle = opgym.patch(model)
+    handle = opgym.patch(model, ops=NORMS)
     monkeypatch.setenv("OPGYM_RMS_NORM", "0")
     with torch.no_grad():
         off = model(ids).logits
@@ -202,7 +205,7 @@ def test_fallback_unsupported_dtype():
     ids = _ids()
     with torch.no_grad():
         ref = model(ids).logits
-    handle = opgym.patch(model)
+    handle = opgym.patch(model, ops=NORMS)
     assert handle.patched  # patched; every call falls back
     with torch.no_grad():
         got = model(ids).logits
@@ -222,7 +225,7 @@ def test_fallback_on_opgym_error(monkeypatch):
     x = torch.randn(3, 2 * 128)[:, ::2]  # [3, 128], stride 2 in the last dim
     with torch.no_grad():
         ref = norm(x)
-    handle = opgym.patch(model)
+    handle = opgym.patch(model, ops=NORMS)
     assert "model.norm" in handle.patched
     with torch.no_grad():
         got = norm(x)
@@ -242,7 +245,7 @@ def test_fallback_when_grad_needed():
     ref_loss.backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if "norm" in n}
     model.zero_grad()
-    handle = opgym.patch(model)
+    handle = opgym.patch(model, ops=NORMS)
     loss = model(ids).logits.float().pow(2).mean()
     loss.backward()
     st = handle.stats()
@@ -266,7 +269,7 @@ def test_gemma_style_norms_are_skipped():
     cfg = GemmaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=32)
     model = GemmaForCausalLM(cfg).eval()
-    handle = opgym.patch(model)
+    handle = opgym.patch(model, ops=NORMS)
     assert handle.patched == [] and handle.skipped
     assert all("(1 + weight)" in why for why in handle.skipped.values())
 
@@ -299,14 +302,14 @@ class PlainRMSNorm(nn.Module):
 
 def test_generic_and_probe():
     model = nn.Sequential(PlainRMSNorm(32), OffsetRMSNorm(32)).bfloat16()
-    handle = opgym.patch(model)
+    handle = opgym.patch(model, ops=NORMS)
     assert handle.patched == ["0"]
     assert "does not compute HF's RMSNorm" in handle.skipped["1"]
     x = torch.randn(3, 32).bfloat16()
     with torch.no_grad():
         model(x)
     assert handle.stats()["fused"] == 1
-    second = opgym.patch(model)
+    second = opgym.patch(model, ops=NORMS)
     assert second.patched == [] and "already patched" in second.skipped["0"]
     handle.undo()
     second.undo()
@@ -391,7 +394,7 @@ def test_compile_whole_patched_model_fullgraph():
     import torch._dynamo
 
     model = _tiny_qwen3()
-    handle = opgym.patch(model)
+    handle = opgym.patch(model, ops=NORMS)
     ids = _ids(n=9, batch=1)
     graphs = []
 

@@ -59,4 +59,9 @@ RmsNormPlan plan_rms_norm(const TensorView& x, const TensorView& weight, const T
 void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& out,
               const RmsNormOptions& options = {}, CUstream_st* stream = nullptr);
 
+// add_rms_norm on the GPU (include/opgym/add_rms_norm.hpp's contract and argument errors; the
+// RMSNorm part sums in the lanes64 order, as rms_norm above), enqueued on `stream`.
+void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView& weight, const TensorView& out,
+                  const TensorView& sum_out, const RmsNormOptions& options = {}, CUstream_st* stream = nullptr);
+
 }  // namespace opgym::cuda

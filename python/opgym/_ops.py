@@ -82,6 +82,22 @@ def rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, mode: st
     return torch.ops.opgym.rms_norm_(x, weight, float(eps), mode, weight_offset)
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, mode: str = "hf",
+                 weight_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(residual + x), residual + x): HF's `residual + hidden_states` (rounded to x's dtype)
+    followed by its RMSNorm, in one pass. residual must have x's shape and dtype."""
+    _require()
+    return torch.ops.opgym.add_rms_norm(x, residual, weight, float(eps), mode, weight_offset)
+
+
+def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, mode: str = "hf",
+                  weight_offset: bool = False) -> None:
+    """In place, as vLLM and FlashInfer do: residual <- residual + x, x <- rms_norm(that sum). Needs the
+    output dtype to be x's; x and residual must not overlap."""
+    _require()
+    torch.ops.opgym.add_rms_norm_(x, residual, weight, float(eps), mode, weight_offset)
+
+
 def output_cache_info() -> dict:
     """The functional CPU operator's output cache: limit_bytes, cached_bytes, cached_blocks, hits, misses.
 

@@ -28,7 +28,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from .patch import _eps_of, find_rms_norms
+from .integrations.rms_norm import _eps_of, find_rms_norms
 
 _SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 _NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64"}
@@ -56,7 +56,7 @@ def _cache_len(kwargs: dict, args: tuple) -> int | None:
 
 
 class Capture:
-    """Context manager that hooks every RMSNorm module of `model` (see opgym.patch.find_rms_norms)."""
+    """Context manager that hooks every RMSNorm module of `model` (see opgym.integrations.rms_norm.find_rms_norms)."""
 
     def __init__(self, model: nn.Module):
         if not isinstance(model, nn.Module):

@@ -11,6 +11,7 @@
 namespace opgym {
 // Each op's runner, defined beside the op (src/ops/<op>/cases.cpp).
 cases::CaseResult run_rms_norm_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
+cases::CaseResult run_add_rms_norm_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
 }  // namespace opgym
 
 namespace opgym::cases {
@@ -23,6 +24,7 @@ struct Entry {
 // Adding an op's runner: one line here.
 constexpr Entry kRunners[] = {
     {"rms_norm", run_rms_norm_case},
+    {"add_rms_norm", run_add_rms_norm_case},
 };
 
 std::string fmt(const char* f, double v) {
@@ -84,7 +86,9 @@ Summary run_files(const std::vector<std::string>& paths, RunOptions opt, std::os
     file.op_name = resolve_op(file);
     const OpRunner run = find_runner(file.op_name);
     if (!run) {
-      out << "[PRECISION_FAIL] " << path << ": no runner for op '" << file.op_name << "' (have: rms_norm)\n";
+      out << "[PRECISION_FAIL] " << path << ": no runner for op '" << file.op_name << "' (have:";
+      for (const Entry& e : kRunners) out << " " << e.op;
+      out << ")\n";
       ++s.failed;
       continue;
     }

@@ -2,23 +2,85 @@
 // Meta kernels use them too, so fake tensors raise what real ones do), and TensorView from a Tensor.
 #pragma once
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <cmath>
+#include <exception>
+#include <string_view>
 
 #include "opgym/opgym.hpp"
 
 namespace opgym_torch {
 
-inline opgym::DType to_opgym_dtype(at::ScalarType t, const char* name) {
+inline opgym::DType to_opgym_dtype(at::ScalarType t, const char* name, const char* op = "rms_norm") {
   switch (t) {
     case at::kFloat: return opgym::DType::float32;
     case at::kHalf: return opgym::DType::float16;
     case at::kBFloat16: return opgym::DType::bfloat16;
     default:
-      TORCH_CHECK_VALUE(false, "opgym::rms_norm: ", name, " has dtype ", t,
+      TORCH_CHECK_VALUE(false, "opgym::", op, ": ", name, " has dtype ", t,
                         "; expected torch.float32, torch.float16 or torch.bfloat16");
   }
   return opgym::DType::float32;  // not reached
+}
+
+// Runs the core's row blocks on torch's intra-op pool, so torch.set_num_threads governs opgym too
+// and a call made from inside a torch parallel region stays on its thread.
+class AtenExecutor final : public opgym::Executor {
+ public:
+  int max_threads() const override { return at::in_parallel_region() ? 1 : at::get_num_threads(); }
+  void parallel_for(int64_t n, int64_t grain, opgym::FunctionRef<void(int64_t, int64_t)> fn) override {
+    at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fn(b, e); });
+  }
+};
+
+inline AtenExecutor& aten_executor() {
+  static AtenExecutor ex;
+  return ex;
+}
+
+// Runs fn (a core call); opgym::Error (which names the argument) becomes a ValueError, anything else
+// a RuntimeError naming the op. Every operator's kernels go through it.
+template <class Fn>
+void translate_errors(const char* op, Fn&& fn) {
+  try {
+    fn();
+  } catch (const opgym::Error& e) {
+    TORCH_CHECK_VALUE(false, "opgym::", e.what(), " [argument: ", e.argument(), "]");
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "opgym::", op, ": ", e.what());
+  }
+}
+
+// Tensor arguments every operator takes: defined, strided, one of opgym's dtypes.
+inline opgym::DType check_tensor_arg(const at::Tensor& t, const char* name, const char* op) {
+  TORCH_CHECK_VALUE(t.defined(), "opgym::", op, ": ", name, " is undefined");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "opgym::", op, ": ", name, " must be a strided (dense) tensor, got layout ",
+                    t.layout());
+  return to_opgym_dtype(t.scalar_type(), name, op);
+}
+
+// A size check that is a ValueError on concrete sizes and a symbolic check (no guard) under
+// torch.compile's symbolic shapes.
+#define OPGYM_SYM_CHECK_VALUE(cond, ...)                          \
+  do {                                                            \
+    const c10::SymBool opgym_eq_ = (cond);                        \
+    if (const auto opgym_known_ = opgym_eq_.maybe_as_bool()) {   \
+      TORCH_CHECK_VALUE(*opgym_known_, __VA_ARGS__);              \
+    } else {                                                      \
+      TORCH_SYM_CHECK(opgym_eq_, __VA_ARGS__);                    \
+    }                                                             \
+  } while (0)
+
+// `t` has the sizes of x (rank and every size).
+inline void check_same_shape(const at::Tensor& x, const at::Tensor& t, const char* name, const char* op) {
+  TORCH_CHECK_VALUE(t.dim() == x.dim(), "opgym::", op, ": ", name, " must have the shape of x ", x.sym_sizes(), ", got ",
+                    t.sym_sizes());
+  for (int64_t d = 0; d < x.dim(); ++d)
+    OPGYM_SYM_CHECK_VALUE(t.sym_size(d).sym_eq(x.sym_size(d)), "opgym::", op, ": ", name, " must have the shape of x ",
+                          x.sym_sizes(), ", got ", t.sym_sizes());
 }
 
 inline at::ScalarType to_aten_dtype(opgym::DType t) {
@@ -50,8 +112,8 @@ inline at::ScalarType check_common(const at::Tensor& x, const at::Tensor& weight
   return to_aten_dtype(opgym::rms_norm_out_dtype(xd, wd));
 }
 
-inline void check_device(const at::Tensor& t, const char* name, const at::Device& want) {
-  TORCH_CHECK(t.device() == want, "opgym::rms_norm: ", name, " is on ", t.device(), " but x is on ", want,
+inline void check_device(const at::Tensor& t, const char* name, const at::Device& want, const char* op = "rms_norm") {
+  TORCH_CHECK(t.device() == want, "opgym::", op, ": ", name, " is on ", t.device(), " but x is on ", want,
               "; every tensor must be on one device");
 }
 
@@ -68,19 +130,7 @@ inline void check_out(const at::Tensor& x, const at::Tensor& weight, const at::T
   TORCH_CHECK_VALUE(out.scalar_type() == out_dtype, "opgym::rms_norm_out: out must have dtype ", out_dtype,
                     " (torch's promotion of weight ", weight.scalar_type(), " and x ", x.scalar_type(), "), got ",
                     out.scalar_type());
-  TORCH_CHECK_VALUE(out.dim() == x.dim(), "opgym::rms_norm_out: out must have the shape of x ", x.sym_sizes(), ", got ",
-                    out.sym_sizes());
-  for (int64_t d = 0; d < x.dim(); ++d) {
-    // Concrete sizes give a ValueError like every other bad value; symbolic ones (Meta kernels under
-    // torch.compile) a symbolic check, so no guard is added on the size.
-    const c10::SymBool eq = out.sym_size(d).sym_eq(x.sym_size(d));
-    if (const auto known = eq.maybe_as_bool()) {
-      TORCH_CHECK_VALUE(*known, "opgym::rms_norm_out: out must have the shape of x ", x.sym_sizes(), ", got ",
-                        out.sym_sizes());
-    } else {
-      TORCH_SYM_CHECK(eq, "opgym::rms_norm_out: out must have the shape of x ", x.sym_sizes(), ", got ", out.sym_sizes());
-    }
-  }
+  check_same_shape(x, out, "out", "rms_norm_out");
 }
 
 // The in-place form's (real and Meta kernels): the output dtype must be x's own.

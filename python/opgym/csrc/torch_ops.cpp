@@ -36,37 +36,16 @@ namespace {
 
 using namespace opgym_torch;  // NOLINT(google-build-using-namespace): the shared helpers
 
-// Runs the core's row blocks on torch's intra-op pool, so torch.set_num_threads governs opgym too
-// and a call made from inside a torch parallel region stays on its thread.
-class AtenExecutor final : public opgym::Executor {
- public:
-  int max_threads() const override { return at::in_parallel_region() ? 1 : at::get_num_threads(); }
-  void parallel_for(int64_t n, int64_t grain, opgym::FunctionRef<void(int64_t, int64_t)> fn) override {
-    at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fn(b, e); });
-  }
-};
-
-AtenExecutor& aten_executor() {
-  static AtenExecutor ex;
-  return ex;
-}
-
 // Runs the core; opgym::Error (which names the argument) becomes a ValueError.
 void run_core(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, double eps, c10::string_view mode,
               bool weight_offset) {
-  try {
+  translate_errors("rms_norm", [&] {
     opgym::RmsNormOptions o;
     o.eps = eps;
     o.mode = opgym::parse_mode(std::string_view(mode.data(), mode.size()));
     o.weight_offset = weight_offset;
     opgym::rms_norm(view_of(x), view_of(weight), view_of(out), o, &aten_executor());
-  } catch (const opgym::Error& e) {
-    TORCH_CHECK_VALUE(false, "opgym::", e.what(), " [argument: ", e.argument(), "]");
-  } catch (const c10::Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "opgym::rms_norm: ", e.what());
-  }
+  });
 }
 
 // ---- CPU ----------------------------------------------------------------------------------------

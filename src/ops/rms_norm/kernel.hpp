@@ -58,6 +58,14 @@ bool check_rms_norm_args(const TensorView& x, const TensorView& weight, const Te
 void rms_norm_rows_scalar(const RmsNormJob& job, int64_t begin, int64_t end);
 void rms_norm_rows_avx2(const RmsNormJob& job, int64_t begin, int64_t end);
 void rms_norm_rows_avx512(const RmsNormJob& job, int64_t begin, int64_t end);
+using RmsNormRowsFn = void (*)(const RmsNormJob&, int64_t, int64_t);
+RmsNormRowsFn rms_norm_rows_fn(CpuIsa isa);
+
+// For ops built on RMSNorm (add_rms_norm): the plan of a view already checked, and the job of a call
+// whose arguments check_rms_norm_args accepted (x is what is normalized, out where it goes).
+RmsNormPlan rms_norm_plan_of_checked(const TensorView& x, DType weight_dtype, int threads);
+RmsNormJob rms_norm_job(const TensorView& x, const TensorView& weight, const TensorView& out, const RmsNormOptions& opt,
+                        const RmsNormPlan& plan);
 
 // Each path's vector fp32 -> dtype rounding (n a multiple of 64), for tests.
 void round_f32_scalar(DType to, const float* in, void* out, int64_t n);

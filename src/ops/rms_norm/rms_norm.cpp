@@ -40,16 +40,6 @@ constexpr int64_t kBlockBytes = 64 * 1024;
 // a few microseconds, which is what a call of this size takes in total.
 constexpr int64_t kParallelBytes = 256 * 1024;
 
-using RowsFn = void (*)(const detail::RmsNormJob&, int64_t, int64_t);
-
-RowsFn rows_fn(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::avx512: return detail::rms_norm_rows_avx512;
-    case CpuIsa::avx2: return detail::rms_norm_rows_avx2;
-    default: return detail::rms_norm_rows_scalar;
-  }
-}
-
 std::atomic<bool> native_bf16_allowed{true};
 std::atomic<int> overlap_mode{-1};
 RmsNormPlan make_plan(const TensorView& x, DType weight_dtype, int threads);
@@ -57,6 +47,16 @@ RmsNormPlan make_plan(const TensorView& x, DType weight_dtype, int threads);
 }  // namespace
 
 namespace detail {
+RmsNormRowsFn rms_norm_rows_fn(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::avx512: return rms_norm_rows_avx512;
+    case CpuIsa::avx2: return rms_norm_rows_avx2;
+    default: return rms_norm_rows_scalar;
+  }
+}
+RmsNormPlan rms_norm_plan_of_checked(const TensorView& x, DType weight_dtype, int threads) {
+  return make_plan(x, weight_dtype, threads);
+}
 bool native_bf16_enabled() {
   static const bool has = [] {
 #if defined(__x86_64__)
@@ -180,31 +180,26 @@ bool check_rms_norm_args(const TensorView& x, const TensorView& weight, const Te
 }
 }  // namespace detail
 
-void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& out,
-              const RmsNormOptions& opt, Executor* executor) {
-  if (!detail::check_rms_norm_args(x, weight, out, opt)) return;
-  const int64_t dim = x.last_dim();
-  const DType out_dtype = out.dtype;
-  Executor& ex = executor ? *executor : default_executor();
-  const RmsNormPlan plan = make_plan(x, weight.dtype, ex.max_threads());
-
-  detail::RmsNormJob job;
+namespace detail {
+RmsNormJob rms_norm_job(const TensorView& x, const TensorView& weight, const TensorView& out, const RmsNormOptions& opt,
+                        const RmsNormPlan& plan) {
+  RmsNormJob job;
   job.x = static_cast<const char*>(x.data);
   job.w = static_cast<const char*>(weight.data);
   job.out = static_cast<char*>(out.data);
   job.x_dtype = x.dtype;
   job.w_dtype = weight.dtype;
-  job.out_dtype = out_dtype;
+  job.out_dtype = out.dtype;
   job.mode = opt.mode;
   job.weight_offset = opt.weight_offset;
-  job.native_bf16 = plan.isa == CpuIsa::avx512 && detail::native_bf16_enabled();
+  job.native_bf16 = plan.isa == CpuIsa::avx512 && native_bf16_enabled();
   job.eps = static_cast<float>(opt.eps);
   job.torch_order = opt.sum_order != SumOrder::lanes64;
-  job.stream_out = out.numel() * static_cast<int64_t>(dtype_size(out.dtype)) >= detail::kStreamOutBytes;
+  job.stream_out = out.numel() * static_cast<int64_t>(dtype_size(out.dtype)) >= kStreamOutBytes;
   job.overlap = plan.overlapped;
-  job.dim = dim;
+  job.dim = x.last_dim();
   int64_t xs = 0, os = 0;
-  job.collapse = detail::leading_collapse(x, xs) && detail::leading_collapse(out, os);
+  job.collapse = leading_collapse(x, xs) && leading_collapse(out, os);
   job.x_row_stride = xs;
   job.out_row_stride = os;
   job.lead_rank = x.rank - 1;
@@ -213,8 +208,17 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
     job.x_lead_strides[d] = x.strides[d];
     job.out_lead_strides[d] = out.strides[d];
   }
+  return job;
+}
+}  // namespace detail
 
-  const RowsFn fn = rows_fn(plan.isa);
+void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& out,
+              const RmsNormOptions& opt, Executor* executor) {
+  if (!detail::check_rms_norm_args(x, weight, out, opt)) return;
+  Executor& ex = executor ? *executor : default_executor();
+  const RmsNormPlan plan = make_plan(x, weight.dtype, ex.max_threads());
+  const detail::RmsNormJob job = detail::rms_norm_job(x, weight, out, opt, plan);
+  const detail::RmsNormRowsFn fn = detail::rms_norm_rows_fn(plan.isa);
   if (plan.blocks <= 1) {  // decode-sized: stay on the calling thread
     fn(job, 0, plan.rows);
     return;

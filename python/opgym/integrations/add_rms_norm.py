@@ -1,0 +1,188 @@
+"""Residual add + RMSNorm in HF layers: the layer's forward is swapped for one that computes
+`residual + x` and the following RMSNorm in one torch.ops.opgym.add_rms_norm call (registered with
+opgym.patch as the op "add_rms_norm"; switch OPGYM_ADD_RMS_NORM).
+
+Which layers, and how the structure is proven: a layer is fused only when its class's forward is,
+statement for statement, one that opgym has verified (its AST, docstring, annotations and decorators
+left out, hashed: `FINGERPRINTS`). Two shapes are known, from transformers 5.23:
+- decoder: `residual + attn` then `post_attention_layernorm` (Qwen2_5_VLDecoderLayer; the same body
+  is Qwen2DecoderLayer's, Qwen3DecoderLayer's and LlamaDecoderLayer's);
+- vision: `hidden_states + attn(norm1(...))` then `norm2` (Qwen2_5_VLVisionBlock).
+A layer whose forward differs in any statement (another transformers version, another model, a
+forward replaced on the instance) is left alone and listed in `handle.skipped` when it looks like
+one (its class name ends in DecoderLayer or VisionBlock); its RMSNorm modules keep the RMSNorm patch.
+The norm must be an RMSNorm opgym computes (the same class check and probe as the RMSNorm patch).
+
+At call time the layer runs HF's own statements with one change: the add and the norm are the fused
+op when OPGYM_ADD_RMS_NORM is not "0" and the op serves the inputs (a device with an opgym kernel,
+x and residual of one float dtype and one shape, no gradient needed); otherwise, and on any error
+from opgym, HF's `residual + x` and the norm module itself (counted as a fallback with the reason).
+The MLP's residual add is left as HF writes it.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import textwrap
+
+import torch
+from torch import nn
+
+from ..patch import FUSED_DTYPES, count, register, switch_on
+from .rms_norm import _eps_of, is_rms_norm, norm_verdict
+
+ENV_SWITCH = "OPGYM_ADD_RMS_NORM"
+
+# Fingerprints of the forwards opgym has verified (see forward_fingerprint), by the shape they have.
+FINGERPRINTS = {
+    "40dc1b2a48a8e879": "decoder",  # transformers 5.23: Qwen2_5_VL/Qwen2/Qwen3/Llama DecoderLayer
+    "98e4e51c7b3e5699": "vision",   # transformers 5.23: Qwen2_5_VLVisionBlock
+}
+_NORM_ATTR = {"decoder": "post_attention_layernorm", "vision": "norm2"}
+
+
+def forward_fingerprint(cls: type) -> str | None:
+    """A hash of the statements of cls.forward (docstring, annotations, decorators and comments
+    left out), or None when its source cannot be read."""
+    try:
+        src = textwrap.dedent(inspect.getsource(cls.forward))
+        fn = ast.parse(src).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    fn.body, fn.decorator_list, fn.returns = body, [], None
+    for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs:
+        a.annotation = None
+    for a in (fn.args.vararg, fn.args.kwarg):
+        if a is not None:
+            a.annotation = None
+    return hashlib.sha256(ast.dump(fn).encode()).hexdigest()[:16]
+
+
+def layer_kind(cls: type, cache: dict) -> str | None:
+    if cls not in cache:
+        cache[cls] = FINGERPRINTS.get(forward_fingerprint(cls) or "")
+    return cache[cls]
+
+
+def _fallback_reason(x, residual, w, devices) -> str | None:
+    if not isinstance(x, torch.Tensor) or not isinstance(residual, torch.Tensor):
+        return "input is not a tensor"
+    if not (x.is_cpu or (x.is_cuda and "cuda" in devices)):
+        return f"no opgym kernel for device {x.device.type}"
+    if x.dtype not in FUSED_DTYPES or w.dtype not in FUSED_DTYPES:
+        return f"dtype {x.dtype}/{w.dtype} not supported"
+    if residual.dtype != x.dtype:
+        return f"residual dtype {residual.dtype} differs from {x.dtype}"
+    if torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or w.requires_grad):
+        return "gradient needed (opgym::add_rms_norm has no backward)"
+    if residual.device != x.device or w.device != x.device:
+        return "tensors on different devices"
+    if residual.shape != x.shape or x.dim() < 1 or x.shape[-1] != w.shape[0]:
+        return "shape mismatch"
+    if x.shape[-1] > 1 and (x.stride(-1) != 1 or residual.stride(-1) != 1):
+        return "last dim not contiguous"
+    return None
+
+
+def _make_add_norm(norm: nn.Module, counters, devices):
+    """add_norm(x, residual) -> (norm(residual + x), residual + x), fused where the op serves."""
+    op = torch.ops.opgym.add_rms_norm.default
+    eps = _eps_of(norm)
+
+    def add_norm(x, residual):
+        w = norm.weight
+        if torch.compiler.is_compiling():  # decided once per graph, not counted (see patch.Stats)
+            if switch_on(ENV_SWITCH) and _fallback_reason(x, residual, w, devices) is None:
+                return torch.ops.opgym.add_rms_norm(x, residual, w, eps)
+            s = residual + x
+            return norm(s), s
+        if not switch_on(ENV_SWITCH):
+            reason = f"{ENV_SWITCH}=0"
+        else:
+            reason = _fallback_reason(x, residual, w, devices)
+            if reason is None:
+                try:
+                    out, s = op(x, residual, w, eps)
+                except Exception as e:  # noqa: BLE001 - never raise because of opgym
+                    reason = f"opgym error: {type(e).__name__}"
+                else:
+                    count(counters, True)
+                    return out, s
+        count(counters, False, reason)
+        s = residual + x
+        return norm(s), s
+
+    return add_norm
+
+
+def _decoder_forward(layer: nn.Module, add_norm):
+    # HF 5.23's Qwen2_5_VLDecoderLayer.forward, the two statements around post_attention_layernorm fused.
+    def forward(hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+                position_embeddings=None, **kwargs):
+        residual = hidden_states
+        hidden_states = layer.input_layernorm(hidden_states)
+        hidden_states, _ = layer.self_attn(
+            hidden_states=hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        hidden_states, residual = add_norm(hidden_states, residual)
+        hidden_states = layer.mlp(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+
+    return forward
+
+
+def _vision_forward(block: nn.Module, add_norm):
+    # HF 5.23's Qwen2_5_VLVisionBlock.forward, the attention residual and norm2 fused.
+    def forward(hidden_states, cu_seqlens, position_embeddings=None, **kwargs):
+        attn = block.attn(block.norm1(hidden_states), cu_seqlens=cu_seqlens, position_embeddings=position_embeddings,
+                          **kwargs)
+        normed, hidden_states = add_norm(attn, hidden_states)
+        hidden_states = hidden_states + block.mlp(normed)
+        return hidden_states
+
+    return forward
+
+
+_BUILDERS = {"decoder": _decoder_forward, "vision": _vision_forward}
+
+
+def apply(model: nn.Module, handle, devices) -> None:
+    """Fuses the add and norm of every layer of `model` whose forward opgym has verified."""
+    kinds: dict[type, str | None] = {}
+    verdicts: dict[type, str | None] = {}
+    for name, layer in model.named_modules():
+        cls = type(layer)
+        kind = layer_kind(cls, kinds)
+        if kind is None:
+            if cls.__name__.endswith(("DecoderLayer", "VisionBlock")):
+                handle.skipped[name] = f"{cls.__name__}: forward not one opgym has verified (add_rms_norm)"
+            continue
+        if "forward" in layer.__dict__ or handle.owned_elsewhere(layer, "add_rms_norm"):
+            handle.skipped[name] = "forward already replaced on the instance (add_rms_norm)"
+            continue
+        norm = getattr(layer, _NORM_ATTR[kind], None)
+        if not isinstance(norm, nn.Module) or not is_rms_norm(norm):
+            handle.skipped[name] = f"{cls.__name__}: {_NORM_ATTR[kind]} is not an RMSNorm opgym serves"
+            continue
+        why = norm_verdict(norm, verdicts)
+        if why is not None:
+            handle.skipped[name] = f"{cls.__name__}: {why} (add_rms_norm)"
+            continue
+        add_norm = _make_add_norm(norm, handle.counters("add_rms_norm"), devices)
+        handle.replace_forward(layer, "add_rms_norm", name, _BUILDERS[kind](layer, add_norm))
+
+
+register("add_rms_norm", ENV_SWITCH, apply)

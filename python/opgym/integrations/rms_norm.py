@@ -1,0 +1,185 @@
+"""RMSNorm in HF models: every RMSNorm module instance's forward is swapped for one that calls
+torch.ops.opgym.rms_norm (registered with opgym.patch as the op "rms_norm"; switch OPGYM_RMS_NORM).
+
+Which modules: a module whose class carries HF's `kernel_layer_name == "RMSNorm"` label (set by
+`use_kernel_forward_from_hub("RMSNorm")`, e.g. Qwen2_5_VLRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm,
+LlamaRMSNorm), or whose class name ends in "RMSNorm", that has a 1-D `weight` and a
+`variance_epsilon` or `eps` attribute. Classes that scale by (1 + weight) (Gemma and the like) or
+otherwise do not compute HF's Llama-style formula are skipped: each class is probed once on a small
+random input against its own forward, and only classes that agree are patched (`handle.skipped`
+lists the others with the reason).
+
+At call time the fused path is taken when OPGYM_RMS_NORM is not "0", the input is one the kernel
+serves (device with an opgym kernel, float32/float16/bfloat16, last dim contiguous, same device as
+the weight) and no gradient is needed (the op has no backward); anything else, and any error from
+opgym, runs the module's original forward. The model never raises because of opgym.
+"""
+from __future__ import annotations
+
+import inspect
+import types
+
+import torch
+from torch import nn
+
+from ..patch import FUSED_DTYPES as _FUSED_DTYPES, count, register, switch_on
+
+ENV_SWITCH = "OPGYM_RMS_NORM"
+
+
+def _eps_of(module: nn.Module) -> float | None:
+    for name in ("variance_epsilon", "eps"):
+        v = getattr(module, name, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def is_rms_norm(module: nn.Module) -> bool:
+    """HF-labelled or RMSNorm-named, with a 1-D weight and an eps attribute."""
+    cls = type(module)
+    labelled = getattr(cls, "kernel_layer_name", None) == "RMSNorm"
+    named = cls.__name__.endswith("RMSNorm")
+    if not (labelled or named):
+        return False
+    w = getattr(module, "weight", None)
+    return isinstance(w, torch.Tensor) and w.dim() == 1 and _eps_of(module) is not None
+
+
+def find_rms_norms(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, m) for name, m in model.named_modules() if is_rms_norm(m)]
+
+
+def _offset_style(cls: type) -> bool:
+    """Gemma-style norms scale by (1 + weight); the plain formula would be wrong for them."""
+    if "Gemma" in cls.__name__:
+        return True
+    try:
+        src = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    compact = src.replace(" ", "")
+    return "1.0+self.weight" in compact or "1+self.weight" in compact or "self.weight+1" in compact
+
+
+def _probe(module: nn.Module, forward) -> str | None:
+    """Runs the module's own forward and opgym on one small random input; None when they agree.
+
+    Only where the weight is on the CPU in a float dtype opgym reads (a meta or accelerator weight is
+    judged by the class checks alone; the call-time checks still guard every call)."""
+    w = module.weight
+    if w.device.type != "cpu" or w.dtype not in _FUSED_DTYPES:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, w.shape[0], generator=gen).to(w.dtype)
+    try:
+        with torch.no_grad():
+            want = forward(x)
+            got = torch.ops.opgym.rms_norm(x, w, _eps_of(module), "hf", False)
+    except Exception as e:  # noqa: BLE001 - a probe failure means: do not patch
+        return f"probe failed: {type(e).__name__}: {e}"
+    if not isinstance(want, torch.Tensor) or want.shape != got.shape or want.dtype != got.dtype:
+        return f"forward's output is not {tuple(got.shape)} {got.dtype} as opgym's"
+    tol = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}[w.dtype]
+    if not torch.allclose(want.float(), got.float(), rtol=tol, atol=tol):
+        return "forward does not compute HF's RMSNorm (x * rsqrt(mean(x^2) + eps) * weight)"
+    return None
+
+
+# ---- the patched forward ------------------------------------------------------------------------
+
+def _fallback_reason(x, w, devices, full: bool = True) -> str | None:
+    """Why the fused op must not take this call, or None. Up front (full=False, the eager per-call
+    path) only what the op would compute wrongly (a gradient needed) or refuse on every call (device,
+    dtype), by the cheapest attributes; full=True adds what the op checks itself (the weight's
+    device, shapes, strides), to name the reason after the op refused, and for torch.compile's trace,
+    which must not reach an op that would refuse."""
+    if not isinstance(x, torch.Tensor):
+        return "input is not a tensor"
+    if not (x.is_cpu or (x.is_cuda and "cuda" in devices)):
+        return f"no opgym kernel for device {x.device.type}"
+    if x.dtype not in _FUSED_DTYPES or w.dtype not in _FUSED_DTYPES:
+        return f"dtype {x.dtype}/{w.dtype} not supported"
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        return "gradient needed (opgym::rms_norm has no backward)"
+    if not full:
+        return None
+    if w.device != x.device:
+        return "weight and input on different devices"
+    if x.dim() < 1 or x.shape[-1] != w.shape[0]:
+        return "shape mismatch"
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        return "last dim not contiguous"
+    return None
+
+
+def _make_forward(module: nn.Module, original, eps: float, counters, devices):
+    op = torch.ops.opgym.rms_norm.default  # resolved once; mode "hf" and weight_offset False are its defaults
+
+    def forward(self, hidden_states, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            # Traced by torch.compile: the same decisions, made once per compiled graph (dynamo guards
+            # on dtype/device/grad mode/OPGYM_RMS_NORM), and no counting: updating a Python int
+            # here would become a guard on its value and recompile the graph on every call.
+            if args or kwargs or not switch_on(ENV_SWITCH) or _fallback_reason(hidden_states, self.weight, devices):
+                return original(hidden_states, *args, **kwargs)
+            return torch.ops.opgym.rms_norm(hidden_states, self.weight, eps, "hf", False)
+        if args or kwargs:
+            count(counters, False, "extra arguments")
+            return original(hidden_states, *args, **kwargs)
+        if not switch_on(ENV_SWITCH):
+            count(counters, False, f"{ENV_SWITCH}=0")
+            return original(hidden_states)
+        # Per token at decode: only the up-front checks; the op checks the rest itself.
+        w = self.weight
+        reason = _fallback_reason(hidden_states, w, devices, False)
+        if reason is not None:
+            count(counters, False, reason)
+            return original(hidden_states)
+        try:
+            out = op(hidden_states, w, eps)
+        except Exception as e:  # noqa: BLE001 - never raise because of opgym
+            count(counters, False, _fallback_reason(hidden_states, w, devices) or f"opgym error: {type(e).__name__}")
+            return original(hidden_states)
+        count(counters, True)
+        return out
+
+    return types.MethodType(forward, module)
+
+
+def norm_verdict(module: nn.Module, cache: dict) -> str | None:
+    """None when opgym's RMSNorm computes this module's forward (checked once per class, by its
+    source and a probe against the class's own forward), else the reason."""
+    cls = type(module)
+    if cls not in cache:
+        original = cls.forward.__get__(module)
+        cache[cls] = "scales by (1 + weight) (Gemma-style)" if _offset_style(cls) else _probe(module, original)
+    return cache[cls]
+
+
+def apply(model: nn.Module, handle, devices) -> None:
+    """Patches every RMSNorm module of `model` that opgym serves; records them in `handle`."""
+    found = find_rms_norms(model)
+    if not found:
+        raise ValueError(
+            f"opgym.patch: {type(model).__name__} has no RMSNorm module (looked for classes labelled "
+            "kernel_layer_name == 'RMSNorm' or named *RMSNorm with a 1-D weight and variance_epsilon/eps)")
+    verdict: dict[type, str | None] = {}
+    for name, module in found:
+        if handle.owned_elsewhere(module, "rms_norm"):
+            handle.skipped[name] = "already patched by another handle"
+            continue
+        cls = type(module)
+        had_own = "forward" in module.__dict__
+        original = module.__dict__["forward"] if had_own else module.forward
+        if cls not in verdict:
+            verdict[cls] = ("scales by (1 + weight) (Gemma-style)" if _offset_style(cls)
+                            else _probe(module, original))
+        if verdict[cls] is not None:
+            handle.skipped[name] = f"{cls.__name__}: {verdict[cls]}"
+            continue
+        handle.replace_forward(module, "rms_norm", name,
+                               _make_forward(module, original, _eps_of(module), handle.counters("rms_norm"), devices))
+
+
+register("rms_norm", ENV_SWITCH, apply)
