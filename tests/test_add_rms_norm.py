@@ -71,6 +71,39 @@ def test_fp32_mode_and_weight_offset_follow_rms_norm():
             assert torch.equal(out, opgym.rms_norm(s, w, 1e-5, mode, off)), (mode, off)
 
 
+REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
+CASE_FILES = sorted(REPO.glob("cases/*/add_rms_norm*.json"))
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _captured_cases():
+    import json
+
+    out = []
+    for path in CASE_FILES:
+        for c in json.loads(path.read_text())["test_cases"]:
+            out.append(pytest.param(c, id=f"{path.parent.name}/{c['id']}"))
+    return out
+
+
+def test_case_files_exist():
+    assert CASE_FILES, "cases/qwen2_5_vl_3b/add_rms_norm.json missing"
+
+
+@pytest.mark.parametrize("case", _captured_cases())
+def test_captured_shapes_bit_exact_with_hf(case):
+    """Every captured signature (Qwen2.5-VL-3B's decoder and vision add+norm sites): 0 ulp vs HF."""
+    inp = case["input"]
+    torch.manual_seed(case["seed"])
+    x = torch.randn(inp["hidden_states"]["shape"]).to(TORCH_DTYPES[inp["hidden_states"]["dtype"]])
+    r = (4 * torch.randn(inp["residual"]["shape"])).to(TORCH_DTYPES[inp["residual"]["dtype"]])
+    w = torch.randn(inp["weight"]["shape"]).to(TORCH_DTYPES[inp["weight"]["dtype"]])
+    want, want_sum = _hf(x, r, w, inp["eps"]["value"])
+    out, s = opgym.add_rms_norm(x, r, w, inp["eps"]["value"])
+    assert list(out.shape) == case["output"]["output"]["shape"]
+    assert torch.equal(s, want_sum) and torch.equal(out, want)
+
+
 def _poisoned(*ts):
     return [t.clone() for t in ts]
 

@@ -108,6 +108,36 @@ def test_capture_cases_through_cpp_runner(captured, tmp_path):
     assert r.stdout.count("[PRECISION_PASS]") == 3
 
 
+def test_add_rms_norm_cases(captured, tmp_path):
+    """The norms after a fused residual add (decoder post_attention_layernorm, vision norm2) become
+    add_rms_norm cases: x, residual and both outputs of the norm input's shape, and the C++ runner
+    passes them at 0 ulp."""
+    cap, _, _ = captured
+    sites = {r["module"] for r in cap.records if r["after_residual_add"]}
+    assert sites == {"model.visual.blocks.0.norm2", "model.visual.blocks.1.norm2",
+                     "model.language_model.layers.0.post_attention_layernorm",
+                     "model.language_model.layers.1.post_attention_layernorm"}
+    data = cap.to_json(op="add_rms_norm")
+    assert data["op_name"] == "add_rms_norm"
+    cases = {c["id"]: c for c in data["test_cases"]}
+    assert len(cases) == 3  # vision prefill, text prefill, decode
+    for c in cases.values():
+        assert c["id"].startswith("add_rms_norm_")
+        shape = c["input"]["hidden_states"]["shape"]
+        assert c["input"]["residual"]["shape"] == shape and c["output"]["residual"]["shape"] == shape
+        assert set(c["call_sites"]) <= {"model.visual.blocks.*.norm2", "model.language_model.layers.*.post_attention_layernorm"}
+    decode = next(c for c in cases.values() if c["phases"] == {"decode": 2 * NEW_TOKENS - 2} or "decode" in c["phases"])
+    assert decode["input"]["hidden_states"]["shape"][:2] == [1, 1]
+    cli = REPO / "build" / "opgym"
+    if not cli.exists():
+        pytest.skip("build/opgym not built (make build)")
+    path = tmp_path / "add_rms_norm.json"
+    cap.write(path, source="test", op="add_rms_norm")
+    r = subprocess.run([str(cli), "check", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("[PRECISION_PASS]") == 3 and " max_ulp 0 " in r.stdout
+
+
 def test_capture_needs_rms_norm():
     with pytest.raises(ValueError, match="no RMSNorm"):
         with opgym.capture(torch.nn.Linear(2, 2)):

@@ -13,6 +13,11 @@ forward, "decode" when the cache already holds tokens (every later step of gener
 outside the model's forward (generate encoding the image before the prefill forward) count as the
 prefill of the step that follows.
 
+The same capture also writes add_rms_norm's cases (`cap.write(path, op="add_rms_norm")`): the calls of
+norms that opgym.patch fuses with the residual add before them (a layer whose forward it has
+verified: Qwen2.5-VL's post_attention_layernorm and vision norm2); each such call's input is the sum,
+so x and residual have its shape and dtype.
+
 Cases are deduplicated by signature (input shape, dtype, weight shape/dtype, eps): one case per
 signature, whatever the number of call sites. Ids are derived from the signature alone (stable across
 runs and capture order); each description names the call sites with layer indices collapsed
@@ -28,8 +33,10 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from .integrations.add_rms_norm import fused_norms
 from .integrations.rms_norm import _eps_of, find_rms_norms
 
+OPS = ("rms_norm", "add_rms_norm")
 _SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 _NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64"}
 # Tolerances written into the cases: a few ulps of the output dtype (opgym differs from HF's module
@@ -75,8 +82,9 @@ class Capture:
             raise ValueError(f"opgym.capture: {type(self.model).__name__} has no RMSNorm module")
         self._hooks.append(self.model.register_forward_pre_hook(self._on_step, with_kwargs=True))
         self._hooks.append(self.model.register_forward_hook(self._on_step_end, always_call=True))
+        added = {id(m) for m in fused_norms(self.model)}
         for name, module in norms:
-            self._hooks.append(module.register_forward_pre_hook(self._make_hook(name)))
+            self._hooks.append(module.register_forward_pre_hook(self._make_hook(name, id(module) in added)))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -98,7 +106,7 @@ class Capture:
         self._in_step = False
         return None
 
-    def _make_hook(self, name: str):
+    def _make_hook(self, name: str, after_add: bool):
         def hook(module, args):
             x = args[0] if args else None
             if not isinstance(x, torch.Tensor):
@@ -121,6 +129,7 @@ class Capture:
                 "weight_dtype": _NAME.get(w.dtype, str(w.dtype).replace("torch.", "")),
                 "eps": _eps_of(module),
                 "device": x.device.type,
+                "after_residual_add": after_add,  # an add_rms_norm site when opgym.patch fuses the layer
             })
             self._calls += 1
             return None
@@ -128,10 +137,15 @@ class Capture:
         return hook
 
     # -- summaries --
-    def signatures(self) -> "OrderedDict[tuple, dict]":
-        """Calls grouped by (shape, dtype, weight shape, weight dtype, eps), in first-seen order."""
+    def signatures(self, op: str = "rms_norm") -> "OrderedDict[tuple, dict]":
+        """Calls grouped by (shape, dtype, weight shape, weight dtype, eps), in first-seen order; for
+        op "add_rms_norm" only the norms that follow a residual add opgym.patch fuses."""
+        if op not in OPS:
+            raise ValueError(f"opgym.capture: op must be one of {OPS}, got {op!r}")
         groups: OrderedDict[tuple, dict] = OrderedDict()
         for r in self.records:
+            if op == "add_rms_norm" and not r["after_residual_add"]:
+                continue
             key = (tuple(r["shape"]), r["dtype"], tuple(r["weight_shape"]), r["weight_dtype"], r["eps"])
             g = groups.setdefault(key, {"calls": 0, "sites": OrderedDict(), "phases": OrderedDict(),
                                         "classes": OrderedDict(), "contiguous": True})
@@ -145,9 +159,10 @@ class Capture:
                 g["contiguous"] = False
         return groups
 
-    def cases(self, prefix: str = "rms_norm") -> list[dict]:
+    def cases(self, prefix: str | None = None, op: str = "rms_norm") -> list[dict]:
         out = []
-        for (shape, dtype, wshape, wdtype, eps), g in self.signatures().items():
+        prefix = prefix or op
+        for (shape, dtype, wshape, wdtype, eps), g in self.signatures(op).items():
             if dtype not in TOLERANCES or wdtype not in TOLERANCES:
                 continue  # not a dtype the gym format / opgym covers
             case_id = _case_id(prefix, shape, dtype, wdtype, eps)
@@ -164,10 +179,12 @@ class Capture:
                 "seed": zlib.crc32(case_id.encode()) % 100000,
                 "input": {
                     "hidden_states": {"shape": list(shape), "dtype": dtype},
+                    **({"residual": {"shape": list(shape), "dtype": dtype}} if op == "add_rms_norm" else {}),
                     "weight": {"shape": list(wshape), "dtype": wdtype},
                     "eps": {"value": eps},
                 },
-                "output": {"output": {"shape": list(shape), "dtype": out_dtype}},
+                "output": {"output": {"shape": list(shape), "dtype": out_dtype},
+                           **({"residual": {"shape": list(shape), "dtype": dtype}} if op == "add_rms_norm" else {})},
                 "rtol": rtol,
                 "atol": atol,
                 "call_sites": list(g["sites"].keys()),
@@ -179,16 +196,17 @@ class Capture:
         out.sort(key=lambda c: c["id"])
         return out
 
-    def to_json(self, source: str = "", description: str = "", prefix: str = "rms_norm") -> dict:
+    def to_json(self, source: str = "", description: str = "", prefix: str | None = None, op: str = "rms_norm") -> dict:
         return {
-            "op_name": "rms_norm",
+            "op_name": op,
             "source": source,
-            "description": description or "RMSNorm calls captured by opgym.capture",
-            "test_cases": self.cases(prefix),
+            "description": description or f"{op} calls captured by opgym.capture",
+            "test_cases": self.cases(prefix, op),
         }
 
-    def write(self, path, source: str = "", description: str = "", prefix: str = "rms_norm") -> dict:
-        data = self.to_json(source, description, prefix)
+    def write(self, path, source: str = "", description: str = "", prefix: str | None = None,
+              op: str = "rms_norm") -> dict:
+        data = self.to_json(source, description, prefix, op)
         with open(path, "w") as f:
             json.dump(data, f, indent=2)
             f.write("\n")
@@ -197,8 +215,9 @@ class Capture:
     write_cases = write  # the name the README uses
 
     def summary(self) -> str:
-        lines = [f"{len(self.records)} RMSNorm calls over {len(self.steps)} forward steps "
-                 f"({sum(1 for s in self.steps if s['phase'] == 'prefill')} prefill), "
+        added = sum(1 for r in self.records if r["after_residual_add"])
+        lines = [f"{len(self.records)} RMSNorm calls ({added} after a fused residual add) over {len(self.steps)} "
+                 f"forward steps ({sum(1 for s in self.steps if s['phase'] == 'prefill')} prefill), "
                  f"{len(self.signatures())} distinct signatures"]
         for (shape, dtype, wshape, wdtype, eps), g in self.signatures().items():
             lines.append(f"  {str(tuple(shape)):>20} {_short(dtype)}/w:{_short(wdtype)} eps={eps:g} "

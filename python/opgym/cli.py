@@ -43,6 +43,9 @@ def _add_capture(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=4, help="decode steps after the prefill (default 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prefix", default="qwen2_5_vl_3b_rms_norm", help="case id prefix")
+    p.add_argument("--add-rms-norm-out", default=None, metavar="FILE",
+                   help="also write add_rms_norm's cases (the norms after a residual add that opgym.patch "
+                        "fuses; ids prefixed with --prefix's 'rms_norm' made 'add_rms_norm')")
     p.add_argument("--records", default=None, help="also write every recorded call as JSON here")
     p.set_defaults(func=_capture_main)
 
@@ -54,9 +57,10 @@ def _capture_main(args) -> int:
 
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be >= 1")
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(out_dir):
-        raise UsageError(f"--out: directory {out_dir} does not exist")
+    for flag, path in (("--out", args.out), ("--add-rms-norm-out", args.add_rms_norm_out)):
+        out_dir = os.path.dirname(os.path.abspath(path)) if path else None
+        if out_dir and not os.path.isdir(out_dir):
+            raise UsageError(f"{flag}: directory {out_dir} does not exist")
     try:
         models = importlib.import_module("opgym.models")
     except ImportError as e:
@@ -107,6 +111,13 @@ def _capture_main(args) -> int:
                    "reduced, every call site repeats per layer with the same shape" if not args.model else
                    f"RMSNorm input signatures of {args.model} (prefill and decode), one case each")
     data = cap.write(args.out, source=source, description=description, prefix=args.prefix)
+    if args.add_rms_norm_out:
+        add_prefix = args.prefix.replace("rms_norm", "add_rms_norm") if "rms_norm" in args.prefix \
+            else args.prefix + "_add_rms_norm"
+        add = cap.write(args.add_rms_norm_out, source=source, op="add_rms_norm", prefix=add_prefix,
+                        description=description.replace("RMSNorm input signatures", "Residual add + RMSNorm "
+                                                        "signatures (the norms opgym.patch fuses with the add)"))
+        print(f"wrote {len(add['test_cases'])} add_rms_norm cases to {args.add_rms_norm_out}")
     if args.records:
         with open(args.records, "w") as f:
             json.dump({"steps": cap.steps, "records": cap.records}, f, indent=1)

@@ -70,6 +70,18 @@ def layer_kind(cls: type, cache: dict) -> str | None:
     return cache[cls]
 
 
+def fused_norms(model: nn.Module) -> list[nn.Module]:
+    """The norms opgym.patch would fuse with the residual add before them (for opgym.capture)."""
+    kinds: dict[type, str | None] = {}
+    out = []
+    for _, layer in model.named_modules():
+        kind = layer_kind(type(layer), kinds)
+        norm = getattr(layer, _NORM_ATTR[kind], None) if kind else None
+        if isinstance(norm, nn.Module) and is_rms_norm(norm):
+            out.append(norm)
+    return out
+
+
 def _fallback_reason(x, residual, w, devices) -> str | None:
     if not isinstance(x, torch.Tensor) or not isinstance(residual, torch.Tensor):
         return "input is not a tensor"
