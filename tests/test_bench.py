@@ -50,3 +50,25 @@ def test_bench_bad_arguments_get_one_line(tmp_path, capsys, args, word):
     err = capsys.readouterr().err
     assert word in err and err.strip().count("\n") == 0
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_quick_bench_add_rms_norm(tmp_path, capsys):
+    """--op add_rms_norm: its own peers, four tensors' bytes per element (x, residual in; out, sum out)."""
+    from opgym import cli
+
+    impls = "copy,opgym,opgym_inplace,hf_eager,F.rms_norm"
+    code = cli.main(["bench", "--op", "add_rms_norm", "--quick", "--cases", "../cases/qwen2_5_vl_3b/add_rms_norm.json",
+                     "--threads", "1", "--impls", impls, "--samples", "2", "--sample-ms", "1",
+                     "--out-dir", str(tmp_path)])
+    assert code == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())
+    cases = json.loads(open("../cases/qwen2_5_vl_3b/add_rms_norm.json").read())["test_cases"]
+    assert [r["label"] for r in rows[:len(cases)]] == [c["id"] for c in cases]
+    for r in rows:
+        n = 1
+        for d in r["shape"]:
+            n *= d
+        assert r["bytes"] == 4 * 2 * n
+        assert r["speedup_vs_hf_eager"] == pytest.approx(r["hf_eager_us"] / r["opgym_us"])
+    assert "residual add + RMSNorm: microseconds per call" in capsys.readouterr().out
+    assert cli.main(["bench", "--op", "add_rms_norm", "--impls", "opgym_cpp", "--out-dir", str(tmp_path / "x")]) == 2

@@ -1,4 +1,7 @@
-"""`opgym bench`: RMSNorm speed against its floor and its alternatives, measured in one process.
+"""`opgym bench`: an op's speed against its floor and its alternatives, measured in one process.
+
+`--op rms_norm` (default) or `--op add_rms_norm`; each op's implementations are its entry of `PEERS`
+(written once, here; the loop, the table and the plot are shared). RMSNorm's:
 
 For every shape (the captured Qwen2.5-VL cases plus a size sweep) and thread count it times:
 
@@ -15,6 +18,16 @@ For every shape (the captured Qwen2.5-VL cases plus a size sweep) and thread cou
     F.rms_norm      torch.nn.functional.rms_norm (torch's own fused op; fp32 statistics)
     compile         torch.compile of the HF module forward (Inductor's generated C++)
     basic_ops       opgym's unfused C++ golden (op by op, materialized intermediates; 1 thread)
+
+add_rms_norm's (x and residual read, out and sum written; its cases: cases/qwen2_5_vl_3b/add_rms_norm.json):
+
+    copy            a copy of the same bytes (two inputs' worth read, two outputs' worth written)
+    empty_like      torch.empty_like(x)
+    opgym           torch.ops.opgym.add_rms_norm (functional: allocates both outputs)
+    opgym_inplace   torch.ops.opgym.add_rms_norm_ (residual <- sum, x <- normed: vLLM's form)
+    hf_eager        HF's `residual + x` then its RMSNorm module (the decoder layer's two statements)
+    F.rms_norm      `residual + x` then torch.nn.functional.rms_norm
+    compile         torch.compile of HF's add then module
 
 Each figure is the median of --samples samples, each sample a loop sized to about --sample-ms; the
 samples of all implementations of a shape are taken round-robin, so a slow spell hits them alike.
@@ -33,14 +46,26 @@ from pathlib import Path
 
 SWEEP_ROWS = (1, 4, 16, 64, 256, 1024, 4096)
 EXTRA = (((4096, 8192), "float32"), ((1036, 1280), "bfloat16"), ((64, 16, 128), "bfloat16"))
-DEFAULT_CASES = "cases/qwen2_5_vl_3b/rms_norm.json"  # relative to the repository root (make bench runs there)
+# Each op's implementations, in table order (the first is the copy every other is measured against).
+PEERS = {
+    "rms_norm": ("copy", "empty_like", "empty_like_ops", "opgym", "opgym_out", "opgym_cpp", "opgym_dispatch",
+                 "hf_eager", "F.rms_norm", "compile", "basic_ops"),
+    "add_rms_norm": ("copy", "empty_like", "opgym", "opgym_inplace", "hf_eager", "F.rms_norm", "compile"),
+}
+TITLES = {"rms_norm": "RMSNorm", "add_rms_norm": "residual add + RMSNorm"}
+IMPLS = tuple(dict.fromkeys(i for impls in PEERS.values() for i in impls))
+
+
+def default_cases(op: str) -> str:
+    return f"cases/qwen2_5_vl_3b/{op}.json"  # relative to the repository root (make bench runs there)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cases", default=str(DEFAULT_CASES), help="gym case file whose shapes are benchmarked")
+    p.add_argument("--op", default="rms_norm", choices=sorted(PEERS), help="the op to benchmark (default rms_norm)")
+    p.add_argument("--cases", default=None, help="gym case file whose shapes are benchmarked "
+                                                 "(default cases/qwen2_5_vl_3b/<op>.json)")
     p.add_argument("--threads", default="1,all", help="thread counts, e.g. 1,all or 2 (default 1,all)")
-    p.add_argument("--impls", default="copy,empty_like,empty_like_ops,opgym,opgym_out,opgym_cpp,opgym_dispatch,hf_eager,F.rms_norm,compile,basic_ops",
-                   help="comma-separated implementations to time")
+    p.add_argument("--impls", default=None, help="comma-separated implementations to time (default: all of the op's)")
     p.add_argument("--quick", action="store_true", help="captured shapes and a short sweep only")
     p.add_argument("--samples", type=int, default=5)
     p.add_argument("--sample-ms", type=float, default=30.0)
@@ -54,7 +79,8 @@ def _shapes(args):
     if args.cases and os.path.exists(args.cases):
         with open(args.cases) as f:
             for c in json.load(f)["test_cases"]:
-                x = next(v for k, v in c["input"].items() if isinstance(v, dict) and "shape" in v and k not in ("weight", "gamma"))
+                x = next(v for k, v in c["input"].items()
+                         if isinstance(v, dict) and "shape" in v and k not in ("weight", "gamma", "residual"))
                 out.append((tuple(x["shape"]), x["dtype"], c["id"]))
     rows = (1, 64, 1024) if args.quick else SWEEP_ROWS
     out += [((r, 2048), "bfloat16", f"sweep_{r}x2048") for r in rows]
@@ -101,7 +127,8 @@ def run_bench(args) -> list[dict]:
 
     import opgym
 
-    impls = [s.strip() for s in args.impls.split(",") if s.strip()]
+    impls = _impls(args)
+    add = args.op == "add_rms_norm"
     all_threads = torch.get_num_threads()
     threads = sorted({all_threads if t.strip() == "all" else int(t) for t in args.threads.split(",")})
     has_cpp = hasattr(torch.ops.opgym, "bench_core")
@@ -131,8 +158,27 @@ def run_bench(args) -> list[dict]:
             mod = modules[mkey]
             w = mod.weight.detach()
             out = torch.empty_like(x)
-            nbytes = 2 * x.numel() * x.element_size()
-            fns = {
+            nbytes = (4 if add else 2) * x.numel() * x.element_size()
+            if add:
+                r = torch.randn(shape, generator=g).to(dtype)
+                src, dst = torch.cat([x, r]), torch.empty((2,) + tuple(shape), dtype=dtype).view(-1)
+                src = src.view(-1)
+                xi, ri = x.clone(), r.clone()  # in place: the values drift call to call, the work does not
+                if "compile" in impls and mkey not in compiled:
+                    def hf_add(x_, r_, mod=mod):
+                        return mod(r_ + x_), r_ + x_
+                    compiled[mkey] = torch.compile(hf_add, dynamic=True)
+                fns = {
+                    "copy": lambda: dst.copy_(src),
+                    "empty_like": lambda: torch.empty_like(x),
+                    "opgym": lambda: torch.ops.opgym.add_rms_norm(x, r, w, 1e-6),
+                    "opgym_inplace": lambda: torch.ops.opgym.add_rms_norm_(xi, ri, w, 1e-6),
+                    "hf_eager": lambda: (lambda s_: (mod(s_), s_))(r + x),
+                    "F.rms_norm": lambda: (lambda s_: (F.rms_norm(s_, (shape[-1],), w, 1e-6), s_))(r + x),
+                }
+                if "compile" in impls:
+                    fns["compile"] = (lambda cf: lambda: cf(x, r))(compiled[mkey])
+            fns = fns if add else {
                 "copy": lambda: out.copy_(x),
                 "empty_like": lambda: torch.empty_like(x),
                 "empty_like_ops": lambda: torch.ops.aten.empty_like.default(x),
@@ -141,11 +187,11 @@ def run_bench(args) -> list[dict]:
                 "hf_eager": lambda: mod(x),
                 "F.rms_norm": lambda: F.rms_norm(x, (shape[-1],), w, 1e-6),
             }
-            if has_cpp:
+            if has_cpp and not add:
                 fns["opgym_cpp"] = ("cpp", "fused")
                 fns["opgym_dispatch"] = ("cpp", "dispatch")
                 fns["basic_ops"] = ("cpp", "basic_ops")
-            if "compile" in impls:
+            if "compile" in impls and not add:
                 key = (dtype_name, len(shape), shape[-1])
                 if key not in compiled:  # one dynamic-shape compile per module and rank
                     compiled[key] = torch.compile(mod.forward, dynamic=True)
@@ -191,7 +237,7 @@ def yield_row(row, impls):
     print("  ".join(parts), flush=True)
 
 
-def _report(rows, impls, out_dir: Path) -> None:
+def _report(rows, impls, out_dir: Path, op: str = "rms_norm") -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -205,7 +251,7 @@ def _report(rows, impls, out_dir: Path) -> None:
     with open(out_dir / "bench.json", "w") as f:
         json.dump(rows, f, indent=1)
 
-    table = Table(title="RMSNorm: microseconds per call (GB/s, % of copy)")
+    table = Table(title=f"{TITLES[op]}: microseconds per call (GB/s, % of copy)")
     for col in ["shape", "dtype", "thr"] + [i for i in impls if any(i + "_us" in r for r in rows)] + ["x HF", "x F.rms", "x compile"]:
         table.add_column(col, justify="right")
     for r in rows:
@@ -253,7 +299,7 @@ def _report(rows, impls, out_dir: Path) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("input bytes")
         ax.set_ylabel("GB/s (input + output)")
-        ax.set_title(f"RMSNorm, {nt} thread(s): lines [rows, 2048] bf16, diamonds other shapes", fontsize=10)
+        ax.set_title(f"{TITLES[op]}, {nt} thread(s): lines [rows, 2048] bf16, diamonds other shapes", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -261,8 +307,8 @@ def _report(rows, impls, out_dir: Path) -> None:
     print(f"wrote {out_dir / 'bench.csv'}, {out_dir / 'bench.json'}, {out_dir / 'bench.png'}")
 
 
-IMPLS = ("copy", "empty_like", "empty_like_ops", "opgym", "opgym_out", "opgym_cpp", "opgym_dispatch", "hf_eager",
-         "F.rms_norm", "compile", "basic_ops")
+def _impls(args) -> list[str]:
+    return [s.strip() for s in (args.impls or ",".join(PEERS[args.op])).split(",") if s.strip()]
 
 
 def _check_args(args) -> str | None:
@@ -271,10 +317,11 @@ def _check_args(args) -> str | None:
         t = t.strip()
         if t != "all" and not (t.isdigit() and int(t) >= 1):
             return f"--threads: expected a comma-separated list of counts >= 1 or 'all', got {args.threads!r}"
-    impls = [s.strip() for s in args.impls.split(",") if s.strip()]
-    unknown = [i for i in impls if i not in IMPLS]
+    impls = _impls(args)
+    unknown = [i for i in impls if i not in PEERS[args.op]]
     if not impls or unknown:
-        return f"--impls: unknown {', '.join(unknown) or '(empty list)'}; expected some of {', '.join(IMPLS)}"
+        return (f"--impls: unknown {', '.join(unknown) or '(empty list)'} for --op {args.op}; expected some of "
+                f"{', '.join(PEERS[args.op])}")
     if args.samples < 1 or args.sample_ms <= 0:
         return f"--samples must be >= 1 and --sample-ms > 0, got {args.samples} and {args.sample_ms}"
     return None
@@ -292,7 +339,9 @@ def main(args) -> int:
     if not opgym.available():
         print(f"opgym bench: error: the torch operators are not available: {opgym.load_error()}", file=sys.stderr)
         return 2
-    impls = [s.strip() for s in args.impls.split(",") if s.strip()]
+    if args.cases is None:
+        args.cases = default_cases(args.op)
+    impls = _impls(args)
     rows = run_bench(args)
-    _report(rows, impls, Path(args.out_dir))
+    _report(rows, impls, Path(args.out_dir), args.op)
     return 0
