@@ -58,8 +58,10 @@ def test_report_has_the_issue_keys(tiny_report):
         assert rep[side]["prefill_ms"] > 0 and rep[side]["decode_tokens_per_s"] > 0
         assert rep[side]["peak_memory_mb"] > 0
         assert 0 < rep[side]["rms_norm_share"] < 1
-        # 1 vision block (2 norms) + merger (1) + 1 text layer (2) + final norm (1)
-        assert rep[side]["rms_norm_calls_per_prefill"] == 6
+    # 1 vision block (2 norms) + merger (1) + 1 text layer (2) + final norm (1); on the opgym side the
+    # vision norm2 and the layer's post_attention_layernorm run inside add_rms_norm, not as modules
+    assert rep["baseline"]["rms_norm_calls_per_prefill"] == 6
+    assert rep["opgym"]["rms_norm_calls_per_prefill"] == 4
     for k in ("logits_max_abs_diff", "logits_max_rel_diff", "tokens_identical", "first_divergence"):
         assert k in rep["agreement"]
     for k in ("fused", "fallback"):
@@ -79,6 +81,20 @@ def test_fused_path_taken_on_cpu(tiny_report):
     # the profiler saw opgym's operator in the patched prefill, once per RMSNorm call, and never in the baseline
     assert rep["opgym"]["opgym_op_calls"] == rep["opgym"]["rms_norm_calls_per_prefill"]
     assert rep["baseline"]["opgym_op_calls"] == 0
+    per_op = rep["calls"]["per_op"]
+    assert set(per_op) == {"rms_norm", "add_rms_norm"}
+    assert per_op["add_rms_norm"]["fused"] > 0 and per_op["add_rms_norm"]["fallback"] == 0
+    assert per_op["add_rms_norm"]["switch"].startswith("OPGYM_ADD_RMS_NORM=0")
+
+
+def test_top_level_ops_per_decode_step(tiny_report):
+    """HF eager runs each RMSNorm as eight ops and the residual add as one; opgym's fused ops as one
+    op each: 2 x 7 + 1 fewer per text layer."""
+    rep, r = tiny_report
+    b, o = rep["baseline"]["decode_top_level_ops"], rep["opgym"]["decode_top_level_ops"]
+    assert b["per_text_layer"] - o["per_text_layer"] == 15, (b, o)
+    assert b["per_step"] > o["per_step"] > o["per_text_layer"] > 0
+    assert "top-level torch ops per text layer" in r.stdout
 
 
 def test_outputs_agree(tiny_report):
@@ -115,10 +131,11 @@ def test_table_printed(tiny_report):
 
 
 def test_env_switch_off_gives_identical_logits(tmp_path):
-    """Control for the agreement figures: with the fused path switched off (OPGYM_RMS_NORM=0) the
+    """Control for the agreement figures: with the fused paths switched off (OPGYM_RMS_NORM=0,
+    OPGYM_ADD_RMS_NORM=0) the
     patched model runs HF's own forward, every call is a fallback and the logits are bit-identical."""
     out = tmp_path / "r.json"
-    r = opgym_run(*TINY, "--report", str(out), env={"OPGYM_RMS_NORM": "0"})
+    r = opgym_run(*TINY, "--report", str(out), env={"OPGYM_RMS_NORM": "0", "OPGYM_ADD_RMS_NORM": "0"})
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(out.read_text())
     assert rep["calls"]["fused"] == 0 and rep["calls"]["fallback"] > 0

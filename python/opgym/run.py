@@ -19,6 +19,9 @@ the same way:
                  peak is the largest; CUDA: torch.cuda.max_memory_allocated
     exactness    one prefill of the patched model in which each RMSNorm output is compared with HF's
                  forward on the same input
+    op counts    one generate of two tokens under torch.profiler: the top-level torch ops (ops with no
+                 op above them: each one dispatch, on a GPU in eager mode each a launch) of the decode
+                 step, in all and inside the first text decoder layer
 
 The timed rounds alternate the sides (baseline-opgym, opgym-baseline, ...) so that both see the same
 machine; under --compile the sides run one after the other instead.
@@ -101,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="timed runs of each phase; medians are reported (default %(default)s)")
     g.add_argument("--compile", action="store_true", help="run both sides under torch.compile")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    g.add_argument("--ops", default="rms_norm", help="fused ops to apply, comma-separated (default %(default)s)")
+    g.add_argument("--ops", default="all",
+                   help="fused ops to apply, comma-separated, or 'all' (default %(default)s: every op opgym.patch has)")
     g.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="N",
                    help="torch intra-op threads (default %(default)s; 0 = torch's default, one per core). One thread "
                         "because on a shared 2-vCPU machine two-thread runs swing several-fold with the neighbours' "
@@ -260,6 +264,81 @@ def _quiet_stderr():
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+STEP_LABEL = "opgym_run::step::"
+LAYER_LABEL = "opgym_run::text_layer0"
+
+
+def _is_op(name: str) -> bool:
+    return "::" in name and not name.startswith("opgym_run::") and not name.startswith("ProfilerStep")
+
+
+def _top_level_op_counts(events, step: int) -> dict:
+    """Top-level ops (an op with no op above it) inside forward step `step`, in all and inside the
+    first text decoder layer's range."""
+    total = layer = 0
+    for e in events:
+        if not _is_op(e.name):
+            continue
+        p, nested, in_step, in_layer = e.cpu_parent, False, False, False
+        while p is not None:
+            if _is_op(p.name):
+                nested = True
+                break
+            in_step |= p.name == f"{STEP_LABEL}{step}"
+            in_layer |= p.name == LAYER_LABEL
+            p = p.cpu_parent
+        if not nested and in_step:
+            total += 1
+            layer += in_layer
+    return {"per_step": total, "per_text_layer": layer}
+
+
+def _decode_op_counts(model, inputs, sync) -> dict:
+    """One generate of two tokens under torch.profiler; the second forward is a decode step."""
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+
+    layers = getattr(getattr(getattr(model, "model", None), "language_model", None), "layers", None)
+    stack, step, handles = [], [0], []
+
+    def pre(label_fn):
+        def hook(m, args, kwargs=None):
+            rf = record_function(label_fn())
+            rf.__enter__()
+            stack.append(rf)
+        return hook
+
+    def post(m, args, out):
+        stack.pop().__exit__(None, None, None)
+
+    def step_label():
+        step[0] += 1
+        return f"{STEP_LABEL}{step[0] - 1}"
+
+    handles.append(model.register_forward_pre_hook(pre(step_label)))
+    handles.append(model.register_forward_hook(post, always_call=True))
+    if layers is not None and len(layers):
+        handles.append(layers[0].register_forward_pre_hook(pre(lambda: LAYER_LABEL)))
+        handles.append(layers[0].register_forward_hook(post, always_call=True))
+    try:
+        with _quiet_stderr():
+            prof = profile(activities=[ProfilerActivity.CPU])
+            prof.__enter__()
+        try:
+            model.generate(**inputs, max_new_tokens=2, min_new_tokens=2, do_sample=False, num_beams=1)
+            sync()
+        finally:
+            with _quiet_stderr():
+                prof.__exit__(None, None, None)
+    finally:
+        for h in handles:
+            h.remove()
+    out = _top_level_op_counts(prof.events(), 1)
+    out["measured_as"] = ("torch.profiler, the second forward of a 2-token greedy generate (a decode step): ops "
+                          "with no op above them; per_text_layer: those inside text decoder layer 0")
+    return out
 
 
 def _rms_modules(model):
@@ -575,6 +654,7 @@ def _measure(model, inputs, args, device, progress, base, opt, mem) -> None:
         out["rms_norm_ms"] = rms_us / 1e3 if rms_us is not None else None
         out["rms_norm_share"] = (rms_us / fwd_us) if (fwd_us and rms_us is not None) else None
         out["rms_norm_calls_per_prefill"] = calls[0] if calls[0] or not args.compile else out["opgym_op_calls"]
+        out["decode_top_level_ops"] = _decode_op_counts(model, inputs, sync)
         progress.done()
 
     try:
@@ -720,6 +800,7 @@ def _main(args) -> int:
     ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
     if not ops:
         raise UsageError("--ops names no op")
+    all_ops = ops == ("all",)
     for name, v in (("--max-new-tokens", args.max_new_tokens), ("--repeats", args.repeats)):
         if v < 1:
             raise UsageError(f"{name} must be >= 1")
@@ -747,6 +828,8 @@ def _main(args) -> int:
         torch.set_num_threads(args.threads)
     opgym = _opgym()
     supported = getattr(sys.modules.get("opgym.patch"), "SUPPORTED_OPS", None)
+    if all_ops:
+        ops = tuple(supported or ("rms_norm",))
     unknown = [o for o in ops if supported is not None and o not in supported]
     if unknown:
         raise UsageError(f"--ops: unknown op(s) {', '.join(unknown)}; this opgym supports {', '.join(supported)}")
@@ -852,7 +935,7 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
     })
 
     # --- the two sides on one model: the baseline as built/loaded; opgym = patched (undone after)
-    counts = {"fused": 0, "fallback": 0, "have": False}
+    counts = {"fused": 0, "fallback": 0, "have": False, "ops": {}}
     state = {"handle": None, "patch_ms": None}
 
     def compile_on():
@@ -886,6 +969,13 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
             counts["fused"] += c["fused"]
             counts["fallback"] += c["fallback"]
             counts["have"] = True
+        with contextlib.suppress(Exception):
+            for op, st in h.stats().get("ops", {}).items():
+                acc = counts["ops"].setdefault(op, {"fused": 0, "fallback": 0, "reasons": {}})
+                acc["fused"] += st["fused"]
+                acc["fallback"] += st["fallback"]
+                for r, n in st["reasons"].items():
+                    acc["reasons"][r] = acc["reasons"].get(r, 0) + n
         h.undo()
 
     base = _Side("baseline", compile_on, compile_off)
@@ -913,6 +1003,14 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
     else:
         calls = {"fused": None, "fallback": None, "counted_over": "opgym exposes no call counters"}
     calls["rms_norm_modules"] = len(_rms_modules(model))
+    if counts["ops"]:
+        switches = {}
+        with contextlib.suppress(Exception):
+            from .patch import _REGISTRY
+
+            switches = {name: integ.env for name, integ in _REGISTRY.items()}
+        calls["per_op"] = {op: dict(v, switch=f"{switches.get(op, '?')}=0 or --ops without {op}")
+                           for op, v in counts["ops"].items()}
 
     progress.step("comparing outputs")
     agreement = _agreement(base.logits.load(), opt.logits.load(), base.tokens, opt.tokens)
@@ -999,6 +1097,11 @@ def _print_report(r: dict) -> None:
               _fmt(os_ * 100 if os_ is not None else None, 2) + (" %" if os_ is not None else ""),
               f"{(os_ - bs) * 100:+.2f} pts" if bs is not None and os_ is not None else "n/a")
     t.add_row("RMSNorm calls per prefill", str(b["rms_norm_calls_per_prefill"]), str(o["rms_norm_calls_per_prefill"]), "")
+    bo, oo = b.get("decode_top_level_ops") or {}, o.get("decode_top_level_ops") or {}
+    if bo and oo:
+        for key, label in (("per_step", "top-level torch ops per decode step"),
+                           ("per_text_layer", "top-level torch ops per text layer (decode)")):
+            t.add_row(label, str(bo[key]), str(oo[key]), _change(bo[key], oo[key], False))
     c.print(t)
     bp, op_ = b.get("profile_parts_ms") or {}, o.get("profile_parts_ms") or {}
     if bp:
@@ -1031,4 +1134,8 @@ def _print_report(r: dict) -> None:
     a.add_row("greedy tokens identical", ("[green]yes[/green]" if ag["tokens_identical"] else
                                           f"[red]no[/red], first divergence at token {ag['first_divergence']}"))
     a.add_row("opgym calls fused / fallback", f"{_fmt(calls['fused'])} / {_fmt(calls['fallback'])}")
+    for op, v in (calls.get("per_op") or {}).items():
+        why = "; ".join(f"{r}: {n}" for r, n in v["reasons"].items())
+        a.add_row(f"  {op} fused / fallback", f"{v['fused']} / {v['fallback']}" + (f" ({why})" if why else "")
+                  + f"  (off: {v['switch']})")
     c.print(a)
