@@ -60,7 +60,7 @@ elseif(NOT _opgym_cuda_mode STREQUAL "off")
       find_package(GTest REQUIRED)
       include(GoogleTest)
       # Plain C++ against the runtime API: only the kernels go through nvcc.
-      add_executable(opgym_cuda_tests src/ops/rms_norm/rms_norm_cuda_test.cpp)
+      add_executable(opgym_cuda_tests src/ops/rms_norm/rms_norm_cuda_test.cpp src/ops/add_rms_norm/add_rms_norm_cuda_test.cpp)
       target_compile_options(opgym_cuda_tests PRIVATE ${OPGYM_FP_FLAGS})
       # opgym_cases (inputs, buffers) is defined after this file; CMake resolves the name at the end.
       target_link_libraries(opgym_cuda_tests PRIVATE opgym_cases CUDA::cudart GTest::gtest GTest::gtest_main)
