@@ -10,6 +10,7 @@
 #include <string>
 
 #include "opgym/rms_norm.hpp"
+#include "opgym/rotary.hpp"
 #include "opgym/tensor.hpp"
 
 struct CUstream_st;  // cudaStream_t is `CUstream_st*`; nullptr is the legacy default stream
@@ -63,5 +64,11 @@ void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& o
 // RMSNorm part sums in the lanes64 order, as rms_norm above), enqueued on `stream`.
 void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView& weight, const TensorView& out,
                   const TensorView& sum_out, const RmsNormOptions& options = {}, CUstream_st* stream = nullptr);
+
+// rotary on the GPU (include/opgym/rotary.hpp's contract, the same bits as the CPU: elementwise, no
+// sum order), enqueued on `stream`.
+void rotary(const TensorView& q, const TensorView& k, const TensorView& cos, const TensorView& sin,
+            const TensorView& q_out, const TensorView& k_out, const RotaryOptions& options = {},
+            CUstream_st* stream = nullptr);
 
 }  // namespace opgym::cuda

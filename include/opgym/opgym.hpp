@@ -6,5 +6,6 @@
 #include "opgym/error.hpp"
 #include "opgym/parallel.hpp"
 #include "opgym/rms_norm.hpp"
+#include "opgym/rotary.hpp"
 #include "opgym/tensor.hpp"
 #include "opgym/version.hpp"

@@ -116,8 +116,11 @@ CaseFile parse_case_file(const json& j, const std::string& path) {
     if (is_tensor(out)) {
       k.outputs.push_back(parse_tensor("output", out, path, k.id));
     } else {
-      for (const auto& [name, v] : out.items())
+      k.output_params = json::object();
+      for (const auto& [name, v] : out.items()) {
         if (is_tensor(v)) k.outputs.push_back(parse_tensor(name, v, path, k.id));
+        else k.output_params[name] = v;
+      }
     }
     k.rtol = number(c, "rtol", path, k.id);
     k.atol = number(c, "atol", path, k.id);

@@ -33,6 +33,7 @@ struct Case {
   std::vector<TensorSpec> inputs;  // tensor inputs, in file order
   Json params;                   // every non-tensor input (eps, mrope_section, ...), as written
   std::vector<TensorSpec> outputs; // declared output tensors
+  Json output_params;              // every non-tensor entry of "output" (e.g. MRoPE's q_shape, dtype)
   double rtol = 0, atol = 0;
   const TensorSpec* input(std::string_view name) const;
   // A numeric param given as a number or as {"value": number}; throws naming file and case if absent.

@@ -12,6 +12,7 @@ namespace opgym {
 // Each op's runner, defined beside the op (src/ops/<op>/cases.cpp).
 cases::CaseResult run_rms_norm_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
 cases::CaseResult run_add_rms_norm_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
+cases::CaseResult run_rotary_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
 }  // namespace opgym
 
 namespace opgym::cases {
@@ -25,6 +26,8 @@ struct Entry {
 constexpr Entry kRunners[] = {
     {"rms_norm", run_rms_norm_case},
     {"add_rms_norm", run_add_rms_norm_case},
+    {"rotary", run_rotary_case},
+    {"mrope", run_rotary_case},  // PyPTO-Gym's name for its MRoPE case files
 };
 
 std::string fmt(const char* f, double v) {

@@ -1,0 +1,7 @@
+// Rotary rows on the scalar path: kernel_impl.hpp compiled with this path's Simd group.
+#include "core/simd_scalar.hpp"
+#include "ops/rotary/kernel_impl.hpp"
+
+namespace opgym::detail {
+void rotary_rows_scalar(const RotaryJob& job, int64_t begin, int64_t end) { rotary_rows_any<Simd>(job, begin, end); }
+}  // namespace opgym::detail
