@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from ._ops import (add_rms_norm, add_rms_norm_, available, build_info, empty_output_cache, load_error,
-                   output_cache_info, rms_norm, rms_norm_, rms_norm_out, set_output_cache_limit)
+                   output_cache_info, rms_norm, rms_norm_, rms_norm_out, rotary, rotary_, set_output_cache_limit)
 from . import capture as _capture_module  # noqa: F401 - loaded first, so `capture` below stays the function
 from .integrations.rms_norm import find_rms_norms
 from .patch import SUPPORTED_OPS, PatchHandle, patch, reset_stats, stats
@@ -23,5 +23,5 @@ def capture(model, **kwargs):
 
 
 __all__ = ["add_rms_norm", "add_rms_norm_", "available", "SUPPORTED_OPS", "build_info", "capture", "empty_output_cache", "find_rms_norms", "load_error",
-           "output_cache_info", "patch", "PatchHandle", "reset_stats", "rms_norm", "rms_norm_", "rms_norm_out",
+           "output_cache_info", "patch", "PatchHandle", "reset_stats", "rms_norm", "rms_norm_", "rms_norm_out", "rotary", "rotary_",
            "set_output_cache_limit", "stats", "__version__"]

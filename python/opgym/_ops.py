@@ -98,6 +98,25 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     torch.ops.opgym.add_rms_norm_(x, residual, weight, float(eps), mode, weight_offset)
 
 
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
+           mode: str = "hf", mrope_section=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q * cos + rotate_half(q) * sin, the same for k) with cos/sin as HF passes them (before its
+    unsqueeze). mode "hf": HF's text rounding (each op in q's dtype); "fp32": the vision tower's upcast.
+    mrope_section (three lengths summing to D/2) takes cos/sin [3, ...] and recomposes them as
+    Qwen2-VL does."""
+    _require()
+    return torch.ops.opgym.rotary(q, k, cos, sin, int(unsqueeze_dim), mode,
+                                  None if mrope_section is None else [int(v) for v in mrope_section])
+
+
+def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
+            mode: str = "hf", mrope_section=None) -> None:
+    """rotary in place in q and k (which must not overlap)."""
+    _require()
+    torch.ops.opgym.rotary_(q, k, cos, sin, int(unsqueeze_dim), mode,
+                            None if mrope_section is None else [int(v) for v in mrope_section])
+
+
 def output_cache_info() -> dict:
     """The functional CPU operator's output cache: limit_bytes, cached_bytes, cached_blocks, hits, misses.
 

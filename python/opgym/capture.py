@@ -18,6 +18,11 @@ norms that opgym.patch fuses with the residual add before them (a layer whose fo
 verified: Qwen2.5-VL's post_attention_layernorm and vision norm2); each such call's input is the sum,
 so x and residual have its shape and dtype.
 
+And rotary's (`op="rotary"`): every call of a rotary function that opgym.patch hooks (HF's
+apply_rotary_pos_emb in the text attention, apply_rotary_pos_emb_vision in the vision attention), with
+q, k, cos and sin as the function receives them and the mode (hf for the text path, fp32 for the
+vision path); `cap.rotary_records` holds them.
+
 Cases are deduplicated by signature (input shape, dtype, weight shape/dtype, eps): one case per
 signature, whatever the number of call sites. Ids are derived from the signature alone (stable across
 runs and capture order); each description names the call sites with layer indices collapsed
@@ -33,10 +38,11 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from .integrations import rotary as _rotary
 from .integrations.add_rms_norm import fused_norms
 from .integrations.rms_norm import _eps_of, find_rms_norms
 
-OPS = ("rms_norm", "add_rms_norm")
+OPS = ("rms_norm", "add_rms_norm", "rotary")
 _SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 _NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64"}
 # Tolerances written into the cases: a few ulps of the output dtype (opgym differs from HF's module
@@ -70,6 +76,8 @@ class Capture:
             raise ValueError(f"opgym.capture: expected a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.records: list[dict] = []
+        self.rotary_records: list[dict] = []
+        self._instrumented = []
         self.steps: list[dict] = []  # per top-level forward: phase, cache length
         self._hooks = []
         self._calls = 0
@@ -85,9 +93,54 @@ class Capture:
         added = {id(m) for m in fused_norms(self.model)}
         for name, module in norms:
             self._hooks.append(module.register_forward_pre_hook(self._make_hook(name, id(module) in added)))
+        self._instrumented = _rotary.instrument(self.model, self._on_rotary)
         return self
 
+    def _on_rotary(self, path, mode, q, k, cos, sin, unsqueeze_dim) -> None:
+        step = self.steps[-1] if self._in_step else {"step": len(self.steps), "phase": "prefill"}
+        self.rotary_records.append({
+            "step": step["step"], "phase": step["phase"], "module": path, "mode": mode,
+            "unsqueeze_dim": unsqueeze_dim,
+            **{f"{n}_shape": list(t.shape) for n, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin))},
+            "dtype": _NAME.get(q.dtype, str(q.dtype)), "cos_dtype": _NAME.get(cos.dtype, str(cos.dtype)),
+        })
+
+    def _rotary_cases(self, prefix: str) -> list[dict]:
+        groups: OrderedDict[tuple, dict] = OrderedDict()
+        for r in self.rotary_records:
+            key = (tuple(r["q_shape"]), tuple(r["k_shape"]), tuple(r["cos_shape"]), r["dtype"], r["cos_dtype"],
+                   r["mode"], r["unsqueeze_dim"])
+            g = groups.setdefault(key, {"calls": 0, "sites": OrderedDict(), "phases": OrderedDict()})
+            g["calls"] += 1
+            site = collapse_path(r["module"])
+            g["sites"][site] = g["sites"].get(site, 0) + 1
+            g["phases"][r["phase"]] = g["phases"].get(r["phase"], 0) + 1
+        out = []
+        for (qs, ks, cs, dt, cdt, mode, ud), g in groups.items():
+            if dt not in TOLERANCES or cdt not in TOLERANCES:
+                continue
+            case_id = f"{prefix}_{mode}_{_short(dt)}_q{'x'.join(map(str, qs))}_k{'x'.join(map(str, ks))}"
+            rtol, atol = TOLERANCES[dt]
+            out.append({
+                "id": case_id,
+                "description": (f"{'/'.join(g['phases'])} q {qs} k {ks} {_short(dt)}, cos/sin {cs} {_short(cdt)}, mode "
+                                f"{mode}: {g['calls']} calls at " + ", ".join(f"{s} (x{n})" for s, n in g["sites"].items())),
+                "seed": zlib.crc32(case_id.encode()) % 100000,
+                "input": {
+                    "q": {"shape": list(qs), "dtype": dt}, "k": {"shape": list(ks), "dtype": dt},
+                    "cos": {"shape": list(cs), "dtype": cdt}, "sin": {"shape": list(cs), "dtype": cdt},
+                    "mode": mode, "unsqueeze_dim": ud,
+                },
+                "output": {"q_out": {"shape": list(qs), "dtype": dt}, "k_out": {"shape": list(ks), "dtype": dt}},
+                "rtol": rtol, "atol": atol,
+                "call_sites": list(g["sites"].keys()), "phases": dict(g["phases"]), "calls": g["calls"],
+            })
+        out.sort(key=lambda c: c["id"])
+        return out
+
     def __exit__(self, *exc) -> None:
+        _rotary.uninstrument(self._instrumented)
+        self._instrumented = []
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -162,6 +215,8 @@ class Capture:
     def cases(self, prefix: str | None = None, op: str = "rms_norm") -> list[dict]:
         out = []
         prefix = prefix or op
+        if op == "rotary":
+            return self._rotary_cases(prefix)
         for (shape, dtype, wshape, wdtype, eps), g in self.signatures(op).items():
             if dtype not in TOLERANCES or wdtype not in TOLERANCES:
                 continue  # not a dtype the gym format / opgym covers

@@ -43,6 +43,8 @@ def _add_capture(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=4, help="decode steps after the prefill (default 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prefix", default="qwen2_5_vl_3b_rms_norm", help="case id prefix")
+    p.add_argument("--rotary-out", default=None, metavar="FILE",
+                   help="also write rotary's cases (every call of the rotary functions opgym.patch hooks)")
     p.add_argument("--add-rms-norm-out", default=None, metavar="FILE",
                    help="also write add_rms_norm's cases (the norms after a residual add that opgym.patch "
                         "fuses; ids prefixed with --prefix's 'rms_norm' made 'add_rms_norm')")
@@ -57,7 +59,8 @@ def _capture_main(args) -> int:
 
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be >= 1")
-    for flag, path in (("--out", args.out), ("--add-rms-norm-out", args.add_rms_norm_out)):
+    for flag, path in (("--out", args.out), ("--add-rms-norm-out", args.add_rms_norm_out),
+                       ("--rotary-out", args.rotary_out)):
         out_dir = os.path.dirname(os.path.abspath(path)) if path else None
         if out_dir and not os.path.isdir(out_dir):
             raise UsageError(f"{flag}: directory {out_dir} does not exist")
@@ -118,6 +121,12 @@ def _capture_main(args) -> int:
                         description=description.replace("RMSNorm input signatures", "Residual add + RMSNorm "
                                                         "signatures (the norms opgym.patch fuses with the add)"))
         print(f"wrote {len(add['test_cases'])} add_rms_norm cases to {args.add_rms_norm_out}")
+    if args.rotary_out:
+        rot_prefix = args.prefix.replace("rms_norm", "rotary") if "rms_norm" in args.prefix else args.prefix + "_rotary"
+        rot = cap.write(args.rotary_out, source=source, op="rotary", prefix=rot_prefix,
+                        description=description.replace("RMSNorm input signatures", "Rotary (q, k, cos, sin) "
+                                                        "signatures of the text (hf) and vision (fp32) attention"))
+        print(f"wrote {len(rot['test_cases'])} rotary cases to {args.rotary_out}")
     if args.records:
         with open(args.records, "w") as f:
             json.dump({"steps": cap.steps, "records": cap.records}, f, indent=1)

@@ -10,13 +10,17 @@ the per-op counters (fused / fallback with reasons), the run-time switches, the 
 Ops are applied in registry order (rms_norm first, so a fused layer's fallback calls the fused norm).
 
 Every op's switch is read at call time: OPGYM_<OP>=0 (or false/off/no) turns that op's fused path
-off without re-patching (OPGYM_RMS_NORM, OPGYM_ADD_RMS_NORM). Any input an op cannot serve, and any
+off without re-patching (OPGYM_RMS_NORM, OPGYM_ADD_RMS_NORM, OPGYM_ROTARY). Any input an op cannot serve, and any
 error from opgym, runs the original code: the model never raises because of opgym.
 """
 from __future__ import annotations
 
+import ast
+import hashlib
 import importlib
+import inspect
 import os
+import textwrap
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -72,6 +76,29 @@ def _summary(per_op: dict) -> dict:
     return total
 
 
+def fingerprint(fn) -> str | None:
+    """A hash of a function's statements (docstring, annotations, decorators and comments left out), or
+    None when its source cannot be read: how an integration proves that the HF code it replaces is the
+    code it was verified against."""
+    try:
+        src = textwrap.dedent(inspect.getsource(fn))
+        node = ast.parse(src).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    node.body, node.decorator_list, node.returns = body, [], None
+    for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+        a.annotation = None
+    for a in (node.args.vararg, node.args.kwarg):
+        if a is not None:
+            a.annotation = None
+    return hashlib.sha256(ast.dump(node).encode()).hexdigest()[:16]
+
+
 # ---- the registry -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -95,7 +122,7 @@ def register(name: str, env: str, apply: Callable) -> None:
 
 # The integrations, in the order they are applied; importing one registers it (done on first use,
 # so an integration may import this module and its sibling integrations at load).
-SUPPORTED_OPS = ("rms_norm", "add_rms_norm")
+SUPPORTED_OPS = ("rms_norm", "add_rms_norm", "rotary")
 
 
 def _load() -> None:
@@ -151,7 +178,12 @@ class PatchHandle:
         self.patched_by_op: dict[str, list[str]] = {}
         self.skipped: dict[str, str] = {}
         self._stats: dict[str, Stats] = {}
+        self._on_undo: list = []
         self.active = False
+
+    def on_undo(self, fn) -> None:
+        """fn() runs at undo(), after every forward is restored (an integration's own clean-up)."""
+        self._on_undo.append(fn)
 
     def counters(self, op: str) -> tuple:
         """The Stats a patched forward of `op` counts into: the process-wide one and this handle's."""
@@ -190,6 +222,8 @@ class PatchHandle:
                 if not owned:
                     module.__dict__.pop("_opgym_patched", None)
         self._saved.clear()
+        while self._on_undo:
+            self._on_undo.pop()()
         self.active = False
 
     def __enter__(self):

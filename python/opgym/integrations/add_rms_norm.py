@@ -21,15 +21,10 @@ The MLP's residual add is left as HF writes it.
 """
 from __future__ import annotations
 
-import ast
-import hashlib
-import inspect
-import textwrap
-
 import torch
 from torch import nn
 
-from ..patch import FUSED_DTYPES, count, register, switch_on
+from ..patch import FUSED_DTYPES, count, fingerprint, register, switch_on
 from .rms_norm import _eps_of, is_rms_norm, norm_verdict
 
 ENV_SWITCH = "OPGYM_ADD_RMS_NORM"
@@ -43,25 +38,8 @@ _NORM_ATTR = {"decoder": "post_attention_layernorm", "vision": "norm2"}
 
 
 def forward_fingerprint(cls: type) -> str | None:
-    """A hash of the statements of cls.forward (docstring, annotations, decorators and comments
-    left out), or None when its source cannot be read."""
-    try:
-        src = textwrap.dedent(inspect.getsource(cls.forward))
-        fn = ast.parse(src).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return None
-    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return None
-    body = fn.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    fn.body, fn.decorator_list, fn.returns = body, [], None
-    for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs:
-        a.annotation = None
-    for a in (fn.args.vararg, fn.args.kwarg):
-        if a is not None:
-            a.annotation = None
-    return hashlib.sha256(ast.dump(fn).encode()).hexdigest()[:16]
+    """patch.fingerprint of cls.forward."""
+    return fingerprint(cls.forward)
 
 
 def layer_kind(cls: type, cache: dict) -> str | None:

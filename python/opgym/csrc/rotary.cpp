@@ -1,0 +1,175 @@
+// opgym::rotary's torch operators (src/ops/rotary): schemas, CPU, Meta, Autograd and ADInplaceOrView
+// kernels. CUDA kernels: rotary_cuda.cpp.
+//
+//   opgym::rotary(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, str mode="hf",
+//                 int[]? mrope_section=None) -> (Tensor q_embed, Tensor k_embed)
+//   opgym::rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, int unsqueeze_dim=1,
+//                  str rotary_mode="hf", int[]? mrope_section=None) -> ()
+//
+// cos and sin are HF's tables before its unsqueeze ([B, S, D] for the text path with unsqueeze_dim 1,
+// [S, D] for the vision path with -2; [3, ...] with mrope_section). mode "hf" is
+// apply_rotary_pos_emb's bf16/fp16 sequence, "fp32" apply_rotary_pos_emb_vision's upcast. The
+// functional outputs have q's and k's layout where torch's elementwise ops would keep it
+// (empty_like), so downstream ops see the strides HF's code gives them.
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "opgym/opgym.hpp"
+#include "torch_common.hpp"
+
+namespace opgym_torch {
+
+// Checks that need no data (CPU, CUDA and Meta kernels); the core checks the rest (broadcast,
+// overlap) before writing anything.
+void check_rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                  c10::string_view mode, const c10::optional<at::IntArrayRef>& mrope_section, const char* op) {
+  check_tensor_arg(q, "q", op);
+  check_tensor_arg(k, "k", op);
+  check_tensor_arg(cos, "cos", op);
+  check_tensor_arg(sin, "sin", op);
+  TORCH_CHECK_VALUE(mode == "hf" || mode == "fp32", "opgym::", op, ": mode must be 'hf' or 'fp32', got '", mode, "'");
+  TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type(), "opgym::", op, ": k must have q's dtype ", q.scalar_type(),
+                    ", got ", k.scalar_type());
+  TORCH_CHECK_VALUE(q.dim() >= 2 && q.dim() <= opgym::kMaxRank && k.dim() == q.dim(), "opgym::", op,
+                    ": q and k must have one rank from 2 to ", opgym::kMaxRank, ", got ", q.sym_sizes(), " and ",
+                    k.sym_sizes());
+  if (mode == "hf")
+    TORCH_CHECK_VALUE(cos.scalar_type() == q.scalar_type() && sin.scalar_type() == q.scalar_type(), "opgym::", op,
+                      ": mode hf computes in q's dtype: cos and sin must be ", q.scalar_type(), ", got ",
+                      cos.scalar_type(), " and ", sin.scalar_type());
+  if (mrope_section.has_value())
+    TORCH_CHECK_VALUE(mrope_section->size() == 3, "opgym::", op, ": mrope_section must hold three lengths, got ",
+                      *mrope_section);
+  OPGYM_SYM_CHECK_VALUE(k.sym_size(-1).sym_eq(q.sym_size(-1)), "opgym::", op, ": k must have q's last dim ",
+                        q.sym_size(-1), ", got ", k.sym_sizes());
+  check_device(k, "k", q.device(), op);
+  check_device(cos, "cos", q.device(), op);
+  check_device(sin, "sin", q.device(), op);
+}
+
+opgym::RotaryOptions rotary_options(int64_t unsqueeze_dim, c10::string_view mode,
+                                    const c10::optional<at::IntArrayRef>& mrope_section) {
+  opgym::RotaryOptions o;
+  o.mode = opgym::parse_rotary_mode(std::string_view(mode.data(), mode.size()));
+  TORCH_CHECK_VALUE(unsqueeze_dim >= -opgym::kMaxRank && unsqueeze_dim < opgym::kMaxRank,
+                    "opgym::rotary: unsqueeze_dim out of range, got ", unsqueeze_dim);
+  o.unsqueeze_dim = static_cast<int>(unsqueeze_dim);
+  if (mrope_section.has_value())
+    for (int i = 0; i < 3; ++i) o.mrope_section[i] = (*mrope_section)[i];
+  return o;
+}
+
+}  // namespace opgym_torch
+
+namespace {
+
+using namespace opgym_torch;  // NOLINT(google-build-using-namespace): the shared helpers
+
+std::tuple<at::Tensor, at::Tensor> rotary_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                              const at::Tensor& sin, int64_t unsqueeze_dim, c10::string_view mode,
+                                              c10::optional<at::IntArrayRef> mrope_section) {
+  check_rotary(q, k, cos, sin, mode, mrope_section, "rotary");
+  at::Tensor qo = at::empty_like(q), ko = at::empty_like(k);
+  translate_errors("rotary", [&] {
+    opgym::rotary(view_of(q), view_of(k), view_of(cos), view_of(sin), view_of(qo), view_of(ko),
+                  rotary_options(unsqueeze_dim, mode, mrope_section), &aten_executor());
+  });
+  return {qo, ko};
+}
+
+void rotary_inplace_cpu(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                        int64_t unsqueeze_dim, c10::string_view mode, c10::optional<at::IntArrayRef> mrope_section) {
+  check_rotary(q, k, cos, sin, mode, mrope_section, "rotary_");
+  translate_errors("rotary_", [&] {
+    opgym::rotary(view_of(q), view_of(k), view_of(cos), view_of(sin), view_of(q), view_of(k),
+                  rotary_options(unsqueeze_dim, mode, mrope_section), &aten_executor());
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                               const at::Tensor& sin, int64_t /*unsqueeze_dim*/, c10::string_view mode,
+                                               c10::optional<at::IntArrayRef> mrope_section) {
+  check_rotary(q, k, cos, sin, mode, mrope_section, "rotary");
+  return {at::empty_like(q), at::empty_like(k)};
+}
+
+void rotary_inplace_meta(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                         int64_t /*unsqueeze_dim*/, c10::string_view mode, c10::optional<at::IntArrayRef> mrope_section) {
+  check_rotary(q, k, cos, sin, mode, mrope_section, "rotary_");
+}
+
+using FunctionalFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                        const at::Tensor&, int64_t, c10::string_view,
+                                                        c10::optional<at::IntArrayRef>);
+using InplaceFn = void(at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, c10::string_view,
+                       c10::optional<at::IntArrayRef>);
+
+c10::TypedOperatorHandle<FunctionalFn>& functional_op() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rotary", "").typed<FunctionalFn>();
+  return op;
+}
+c10::TypedOperatorHandle<InplaceFn>& inplace_op() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rotary_", "").typed<InplaceFn>();
+  return op;
+}
+
+bool grad_needed(std::initializer_list<const at::Tensor*> ts) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : ts)
+    if (t->requires_grad()) return true;
+  return false;
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_autograd(c10::DispatchKeySet ks, const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& cos, const at::Tensor& sin, int64_t unsqueeze_dim,
+                                                   c10::string_view mode, c10::optional<at::IntArrayRef> mrope_section) {
+  TORCH_CHECK(!grad_needed({&q, &k, &cos, &sin}),
+              "opgym::rotary has no backward (an inference kernel); call it under torch.no_grad(), or use HF's own "
+              "function where gradients are needed (opgym.patch does so by itself)");
+  return functional_op().redispatch(ks & c10::after_autograd_keyset, q, k, cos, sin, unsqueeze_dim, mode, mrope_section);
+}
+
+void rotary_inplace_autograd(c10::DispatchKeySet ks, at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
+                             const at::Tensor& sin, int64_t unsqueeze_dim, c10::string_view mode,
+                             c10::optional<at::IntArrayRef> mrope_section) {
+  TORCH_CHECK(!grad_needed({&q, &k, &cos, &sin}),
+              "opgym::rotary_ has no autograd (an inference kernel); call it under torch.no_grad()");
+  inplace_op().redispatch(ks & c10::after_autograd_keyset, q, k, cos, sin, unsqueeze_dim, mode, mrope_section);
+}
+
+void rotary_inplace_or_view(c10::DispatchKeySet ks, at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
+                            const at::Tensor& sin, int64_t unsqueeze_dim, c10::string_view mode,
+                            c10::optional<at::IntArrayRef> mrope_section) {
+  inplace_op().redispatch(ks & c10::after_ADInplaceOrView_keyset, q, k, cos, sin, unsqueeze_dim, mode, mrope_section);
+  torch::autograd::impl::bump_version(q);
+  torch::autograd::impl::bump_version(k);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(opgym, m) {
+  m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, str mode=\"hf\", "
+        "int[]? mrope_section=None) -> (Tensor, Tensor)",
+        {at::Tag::pt2_compliant_tag});
+  // `rotary_mode`: auto_functionalized's helper takes a parameter named `mode` (see rms_norm_).
+  m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, int unsqueeze_dim=1, str rotary_mode=\"hf\", "
+        "int[]? mrope_section=None) -> ()",
+        {at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(opgym, CPU, m) {
+  m.impl("rotary", &rotary_cpu);
+  m.impl("rotary_", &rotary_inplace_cpu);
+}
+TORCH_LIBRARY_IMPL(opgym, Meta, m) {
+  m.impl("rotary", &rotary_meta);
+  m.impl("rotary_", &rotary_inplace_meta);
+}
+TORCH_LIBRARY_IMPL(opgym, Autograd, m) {
+  m.impl("rotary", &rotary_autograd);
+  m.impl("rotary_", &rotary_inplace_autograd);
+}
+TORCH_LIBRARY_IMPL(opgym, ADInplaceOrView, m) { m.impl("rotary_", &rotary_inplace_or_view); }
