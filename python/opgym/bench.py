@@ -19,6 +19,15 @@ For every shape (the captured Qwen2.5-VL cases plus a size sweep) and thread cou
     compile         torch.compile of the HF module forward (Inductor's generated C++)
     basic_ops       opgym's unfused C++ golden (op by op, materialized intermediates; 1 thread)
 
+rotary's (q, k, cos and sin read, both outputs written; q and k as HF's attention passes them, the
+text path's [B, H, S, D] views of [B, S, H, D] projections; cases/qwen2_5_vl_3b/rotary.json):
+
+    copy            a copy of q's and k's bytes (cos and sin are read once per position, not per head)
+    opgym           torch.ops.opgym.rotary (functional: both outputs allocated, HF's strides)
+    opgym_inplace   torch.ops.opgym.rotary_
+    hf_eager        transformers' apply_rotary_pos_emb (text, mode hf) / apply_rotary_pos_emb_vision
+    compile         torch.compile of that function
+
 add_rms_norm's (x and residual read, out and sum written; its cases: cases/qwen2_5_vl_3b/add_rms_norm.json):
 
     copy            a copy of the same bytes (two inputs' worth read, two outputs' worth written)
@@ -51,8 +60,10 @@ PEERS = {
     "rms_norm": ("copy", "empty_like", "empty_like_ops", "opgym", "opgym_out", "opgym_cpp", "opgym_dispatch",
                  "hf_eager", "F.rms_norm", "compile", "basic_ops"),
     "add_rms_norm": ("copy", "empty_like", "opgym", "opgym_inplace", "hf_eager", "F.rms_norm", "compile"),
+    "rotary": ("copy", "empty_like", "opgym", "opgym_inplace", "hf_eager", "compile"),
 }
-TITLES = {"rms_norm": "RMSNorm", "add_rms_norm": "residual add + RMSNorm"}
+TITLES = {"rms_norm": "RMSNorm", "add_rms_norm": "residual add + RMSNorm", "rotary": "rotary (q and k)"}
+ROTARY_SWEEP = (1, 64, 1024, 4096)  # text prefill lengths, q [1, 16, S, 128], k [1, 2, S, 128] bf16
 IMPLS = tuple(dict.fromkeys(i for impls in PEERS.values() for i in impls))
 
 
@@ -120,6 +131,81 @@ def _time_interleaved(fns: dict, self_timed: dict, samples: int, sample_ms: floa
     return {name: statistics.median(v) for name, v in res.items()}
 
 
+def _rotary_inputs(args):
+    """(label, q shape, k shape, cos shape, q dtype, cos dtype, mode, unsqueeze_dim) per benchmarked call."""
+    out = []
+    if args.cases and os.path.exists(args.cases):
+        with open(args.cases) as f:
+            for c in json.load(f)["test_cases"]:
+                i = c["input"]
+                out.append((c["id"], tuple(i["q"]["shape"]), tuple(i["k"]["shape"]), tuple(i["cos"]["shape"]),
+                            i["q"]["dtype"], i["cos"]["dtype"], i.get("mode", "hf"), i.get("unsqueeze_dim", 1)))
+    for S in ((1, 1024) if args.quick else ROTARY_SWEEP):
+        out.append((f"sweep_text_S{S}", (1, 16, S, 128), (1, 2, S, 128), (1, S, 128), "bfloat16", "bfloat16", "hf", 1))
+    return out
+
+
+def _run_rotary(args, impls, threads) -> list[dict]:
+    import torch
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
+
+    rows, compiled = [], {}
+    for nt in threads:
+        torch.set_num_threads(nt)
+        for label, qs, ks, cs, dt, cdt, mode, ud in _rotary_inputs(args):
+            g = torch.Generator().manual_seed(0)
+            dtype, cdtype = getattr(torch, dt), getattr(torch, cdt)
+
+            def heads(shape):  # HF's layout: [B, S, H, D] seen as [B, H, S, D]; vision [T, H, D] as is
+                if len(shape) == 4:
+                    b, h, n, d = shape
+                    return torch.randn(b, n, h, d, generator=g).to(dtype).transpose(1, 2)
+                return torch.randn(shape, generator=g).to(dtype)
+
+            q, k = heads(qs), heads(ks)
+            # A real rotation, angles repeated over both halves as HF's tables are: the in-place form's
+            # values then stay bounded call after call (no overflow to inf, no subnormals).
+            theta = torch.randn(cs[:-1] + (cs[-1] // 2,), generator=g)
+            theta = torch.cat([theta, theta], dim=-1)
+            cos, sin = theta.cos().to(cdtype), theta.sin().to(cdtype)
+            fn = hf.apply_rotary_pos_emb_vision if mode == "fp32" else hf.apply_rotary_pos_emb
+            src = torch.cat([q.reshape(-1), k.reshape(-1)])
+            dst = torch.empty_like(src)
+            qi, ki = q.clone(), k.clone()
+            nbytes = 2 * src.numel() * src.element_size() + 2 * cos.numel() * cos.element_size()
+            fns = {
+                "copy": lambda: dst.copy_(src),
+                "empty_like": lambda: torch.empty_like(q),
+                "opgym": lambda: torch.ops.opgym.rotary(q, k, cos, sin, ud, mode),
+                "opgym_inplace": lambda: torch.ops.opgym.rotary_(qi, ki, cos, sin, ud, mode),
+                "hf_eager": lambda: fn(q, k, cos, sin),
+            }
+            if "compile" in impls:
+                if (mode, len(qs)) not in compiled:
+                    compiled[(mode, len(qs))] = torch.compile(fn, dynamic=True)
+                cf = compiled[(mode, len(qs))]
+                fns["compile"] = lambda: cf(q, k, cos, sin)
+            loops = {n: fns[n] for n in impls if n in fns}
+            with torch.no_grad():
+                secs = _time_interleaved(loops, {}, args.samples, args.sample_ms)
+            row = {"shape": list(qs), "k_shape": list(ks), "dtype": dt, "mode": mode, "label": label, "threads": nt,
+                   "bytes": nbytes}
+            for name in impls:
+                if name in secs:
+                    row[name + "_us"] = secs[name] * 1e6
+                    row[name + "_gbs"] = nbytes / secs[name] / 1e9
+            if "copy_us" in row:
+                for name in impls:
+                    if name + "_us" in row and not name.startswith("empty_like"):
+                        row[name + "_pct_copy"] = 100.0 * row["copy_us"] / row[name + "_us"]
+            for ref in ("hf_eager", "compile"):
+                if ref + "_us" in row and "opgym_us" in row:
+                    row["speedup_vs_" + ref] = row[ref + "_us"] / row["opgym_us"]
+            rows.append(row)
+            yield_row(row, impls)
+    return rows
+
+
 def run_bench(args) -> list[dict]:
     import torch
     import torch.nn.functional as F
@@ -131,6 +217,11 @@ def run_bench(args) -> list[dict]:
     add = args.op == "add_rms_norm"
     all_threads = torch.get_num_threads()
     threads = sorted({all_threads if t.strip() == "all" else int(t) for t in args.threads.split(",")})
+    if args.op == "rotary":
+        try:
+            return _run_rotary(args, impls, threads)
+        finally:
+            torch.set_num_threads(all_threads)
     has_cpp = hasattr(torch.ops.opgym, "bench_core")
     rows = []
     compiled, modules = {}, {}

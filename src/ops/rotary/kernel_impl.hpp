@@ -4,6 +4,7 @@
 // hf mode rounds each product and the sum to x's dtype (S::round_trip; exact products, since two
 // 16-bit floats multiply exactly in fp32); fp32 mode keeps fp32 until the store. Negation is exact.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "core/storage.hpp"
@@ -47,19 +48,31 @@ void rotate_row(const detail::RotaryJob& job, const typename TX::storage* x, typ
   }
 }
 
+// Rows in runs along the innermost leading dim (offsets advanced by adding strides; the row index
+// is unravelled once per run, not per row).
 template <class S, class TX, class TC, bool kHf>
 void rows_typed(const detail::RotaryJob& job, int64_t begin, int64_t end) {
   using PX = typename TX::storage;
   using PC = typename TC::storage;
   const PC* c = reinterpret_cast<const PC*>(job.cos);
   const PC* s = reinterpret_cast<const PC*>(job.sin);
-  for (int64_t r = begin; r < end; ++r) {
-    const detail::RotaryTensor& t = r < job.t[0].rows ? job.t[0] : job.t[1];
-    const int64_t row = r < job.t[0].rows ? r : r - job.t[0].rows;
+  for (int64_t r = begin; r < end;) {
+    const bool is_q = r < job.t[0].rows;
+    const detail::RotaryTensor& t = is_q ? job.t[0] : job.t[1];
+    const int64_t row = is_q ? r : r - job.t[0].rows;
+    const int64_t side_end = is_q ? job.t[0].rows : job.t[0].rows + job.t[1].rows;
     int64_t io, oo, co, so;
     t.row_offsets(row, io, oo, co, so);
-    rotate_row<S, TX, TC, kHf>(job, reinterpret_cast<const PX*>(t.in) + io, reinterpret_cast<PX*>(t.out) + oo, c + co,
-                               s + so);
+    const int in = t.lead_rank - 1;  // the innermost leading dim (none for a single row)
+    const int64_t inner = in >= 0 ? t.lead_shape[in] : 1;
+    const int64_t run = std::min({end - r, side_end - r, inner - (in >= 0 ? row % inner : 0)});
+    const int64_t dx = in >= 0 ? t.in_lead[in] : 0, dout = in >= 0 ? t.out_lead[in] : 0;
+    const int64_t dc = in >= 0 ? t.cos_lead[in] : 0, ds = in >= 0 ? t.sin_lead[in] : 0;
+    const PX* x = reinterpret_cast<const PX*>(t.in) + io;
+    PX* o = reinterpret_cast<PX*>(t.out) + oo;
+    for (int64_t n = 0; n < run; ++n)
+      rotate_row<S, TX, TC, kHf>(job, x + n * dx, o + n * dout, c + co + n * dc, s + so + n * ds);
+    r += run;
   }
 }
 

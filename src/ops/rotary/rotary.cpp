@@ -130,12 +130,19 @@ bool make_rotary_job(const TensorView& q, const TensorView& k, const TensorView&
     t.out = static_cast<char*>(out[i]->data);
     t.rows = in[i]->rows();
     t.lead_rank = rank - 1;
-    for (int d = 0; d < rank - 1; ++d) {
-      t.lead_shape[d] = in[i]->shape[d];
-      t.in_lead[d] = in[i]->strides[d];
-      t.out_lead[d] = out[i]->strides[d];
-      t.cos_lead[d] = cshape[d] == 1 ? 0 : cstr[d];
-      t.sin_lead[d] = cshape[d] == 1 ? 0 : sstr[d];
+    // Rows are walked in memory order: the leading dims sorted by x's stride, largest outermost, so
+    // HF's [B, H, S, D] views of [B, S, H, D] projections are read as stored (heads innermost, each
+    // position's cos/sin row reused across its heads) instead of jumping H * D elements per row.
+    int order[kMaxRank];
+    for (int d = 0; d < rank - 1; ++d) order[d] = d;
+    std::stable_sort(order, order + rank - 1, [&](int a, int b) { return in[i]->strides[a] > in[i]->strides[b]; });
+    for (int j = 0; j < rank - 1; ++j) {
+      const int d = order[j];
+      t.lead_shape[j] = in[i]->shape[d];
+      t.in_lead[j] = in[i]->strides[d];
+      t.out_lead[j] = out[i]->strides[d];
+      t.cos_lead[j] = cshape[d] == 1 ? 0 : cstr[d];
+      t.sin_lead[j] = cshape[d] == 1 ? 0 : sstr[d];
     }
   }
   job.cos = static_cast<const char*>(cos.data);
