@@ -169,3 +169,42 @@ def test_add_rms_norm_cuda_bad_input_raises_and_keeps_the_context():
     out, _ = ops.add_rms_norm(x, x.clone(), torch.ones(64, device="cuda"), 1e-6)
     torch.cuda.synchronize()
     assert out.shape == x.shape
+
+
+# ---- rotary --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dt", [bf16, f16, f32], ids=str)
+def test_rotary_cuda_bit_exact_with_hf_on_the_gpu(dt):
+    """Elementwise with separate roundings: the same bits as HF's functions on the GPU and as the CPU op."""
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 37, 16, 128, generator=g).to(dt).cuda().transpose(1, 2)
+    k = torch.randn(1, 37, 2, 128, generator=g).to(dt).cuda().transpose(1, 2)
+    cos, sin = (torch.randn(1, 37, 128, generator=g).to(dt).cuda() for _ in range(2))
+    want = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    got = ops.rotary(q, k, cos, sin, 1, "hf")
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want))
+    cpu = ops.rotary(q.cpu(), k.cpu(), cos.cpu(), sin.cpu(), 1, "hf")
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(got, cpu))
+    qkv = torch.randn(300, 3, 16, 80, generator=g).to(dt).cuda()
+    vq, vk, _ = qkv.permute(1, 0, 2, 3).unbind(0)
+    vc, vs = torch.randn(300, 80, generator=g).cuda(), torch.randn(300, 80, generator=g).cuda()
+    want = hf.apply_rotary_pos_emb_vision(vq, vk, vc, vs)
+    got = ops.rotary(vq, vk, vc, vs, -2, "fp32")
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gq, gk = ops.rotary(vq, vk, vc, vs, -2, "fp32")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bits(gq), bits(got[0])) and torch.equal(bits(gk), bits(got[1]))
+
+
+def test_rotary_cuda_bad_input_raises():
+    q = torch.randn(1, 4, 3, 8, device="cuda")
+    with pytest.raises(ValueError, match="must be even"):
+        ops.rotary(q[..., :7], q[..., :7], torch.randn(1, 3, 7, device="cuda"), torch.randn(1, 3, 7, device="cuda"), 1, "hf")
+    out = ops.rotary(q, q.clone(), torch.randn(1, 3, 8, device="cuda"), torch.randn(1, 3, 8, device="cuda"), 1, "hf")
+    torch.cuda.synchronize()
+    assert out[0].shape == q.shape

@@ -99,6 +99,16 @@ def test_top_level_ops_per_decode_step(tiny_report):
     assert "top-level torch ops per text layer" in r.stdout
 
 
+def test_copy_calls_reported(tiny_report):
+    """The vision rotary's fp32 upcasts (q, k, cos, sin and the casts back, per block) are aten::copy_
+    calls HF makes and opgym's fused rotary does not."""
+    rep, r = tiny_report
+    b, o = rep["baseline"], rep["opgym"]
+    assert b["copy_calls_per_prefill"] > o["copy_calls_per_prefill"] >= 0
+    assert 0 <= o["copy_share"] < 1 and 0 < b["copy_share"] < 1
+    assert "aten::copy_ calls per prefill" in r.stdout
+
+
 def test_outputs_agree(tiny_report):
     """Each RMSNorm output within 2 bf16 ulps of HF's on the same input (and almost all identical);
     greedy tokens identical; prefill logits within 4 bf16 ulps of the largest logit.

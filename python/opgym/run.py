@@ -642,6 +642,10 @@ def _measure(model, inputs, args, device, progress, base, opt, mem) -> None:
         out["opgym_op_ms"] = op.cpu_time_total / 1e3 if op is not None else None
         out["opgym_op_calls"] = op.count if op is not None else 0
         out["profiled_forward_ms"] = fwd_us / 1e3 if fwd_us else None
+        cp = ka.get("aten::copy_")  # casts and copies: the vision rotary's fp32 upcasts are most of them
+        out["copy_calls_per_prefill"] = cp.count if cp is not None else 0
+        out["copy_ms"] = cp.self_cpu_time_total / 1e3 if cp is not None else 0.0
+        out["copy_share"] = (cp.self_cpu_time_total / fwd_us) if (cp is not None and fwd_us) else None
         if calls[0] == 0 and args.compile:
             # Compiled graphs inline the modules, so the module ranges never open. opgym's operator stays
             # a single op in the graph and is still timed; HF's RMSNorm is fused by inductor into its
@@ -1097,6 +1101,11 @@ def _print_report(r: dict) -> None:
               _fmt(os_ * 100 if os_ is not None else None, 2) + (" %" if os_ is not None else ""),
               f"{(os_ - bs) * 100:+.2f} pts" if bs is not None and os_ is not None else "n/a")
     t.add_row("RMSNorm calls per prefill", str(b["rms_norm_calls_per_prefill"]), str(o["rms_norm_calls_per_prefill"]), "")
+    if b.get("copy_share") is not None and o.get("copy_share") is not None:
+        t.add_row("aten::copy_ calls per prefill", str(b["copy_calls_per_prefill"]), str(o["copy_calls_per_prefill"]),
+                  _change(b["copy_calls_per_prefill"], o["copy_calls_per_prefill"], False))
+        t.add_row("aten::copy_ share of prefill (self time)", f"{b['copy_share'] * 100:.2f} %",
+                  f"{o['copy_share'] * 100:.2f} %", f"{(o['copy_share'] - b['copy_share']) * 100:+.2f} pts")
     bo, oo = b.get("decode_top_level_ops") or {}, o.get("decode_top_level_ops") or {}
     if bo and oo:
         for key, label in (("per_step", "top-level torch ops per decode step"),
