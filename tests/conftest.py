@@ -87,3 +87,22 @@ def ulp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def no_opgym_env(monkeypatch):
     monkeypatch.delenv("OPGYM_RMS_NORM", raising=False)
+
+
+# A Qwen2.5-VL with reduced widths (real vocabulary ids of the special tokens) for the model tests.
+TINY_QWEN25VL = {
+    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 1,
+    "vocab_size": 1024, "bos_token_id": 1000, "eos_token_id": 1001, "image_token_id": 1002,
+    "vision_start_token_id": 1003, "vision_end_token_id": 1004,
+    "vision_config": {"hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 256},
+}
+
+
+def tiny_qwen25vl(seed: int = 0, page=(56, 56)):
+    """(model, inputs): 2 text layers, 2 vision blocks, bf16, seeded weights; a synthetic page."""
+    from opgym import models
+
+    cfg = models.qwen2_5_vl_3b_config(text_layers=2, vision_blocks=2, _widths=TINY_QWEN25VL)
+    model = models.build_model(cfg, seed=seed, dtype=torch.bfloat16)
+    return model, models.make_inputs(cfg, models.synthetic_page(width=page[0], height=page[1]))
+

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import opgym
-from conftest import hf_rms_norm
+from conftest import hf_rms_norm, tiny_qwen25vl
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SHAPES = [(1, 1, 2048), (1, 37, 2048), (100, 1280), (1, 5, 4, 128), (3, 7), (2, 1000)]
@@ -212,22 +212,11 @@ def test_compile_fullgraph_functional_and_in_place():
 
 # ---- the layer fusion in opgym.patch ----------------------------------------------------------------
 
-TINY_QWEN25VL = {
-    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 1,
-    "vocab_size": 1024, "bos_token_id": 1000, "eos_token_id": 1001, "image_token_id": 1002,
-    "vision_start_token_id": 1003, "vision_end_token_id": 1004,
-    "vision_config": {"hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 256},
-}
 
 
 @pytest.fixture(scope="module")
 def qwen25vl():
-    from opgym import models
-
-    cfg = models.qwen2_5_vl_3b_config(text_layers=2, vision_blocks=2, _widths=TINY_QWEN25VL)
-    model = models.build_model(cfg, seed=0, dtype=torch.bfloat16)
-    inputs = models.make_inputs(cfg, models.synthetic_page(width=56, height=56))
-    return model, inputs
+    return tiny_qwen25vl()
 
 
 def test_qwen2_5_vl_layers_fused_bit_identical(qwen25vl):

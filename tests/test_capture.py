@@ -13,14 +13,8 @@ import torch
 
 import opgym
 from opgym.capture import collapse_path
-from conftest import REPO
+from conftest import REPO, TINY_QWEN25VL
 
-TINY = {
-    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 1,
-    "vocab_size": 1024, "bos_token_id": 1000, "eos_token_id": 1001, "image_token_id": 1002,
-    "vision_start_token_id": 1003, "vision_end_token_id": 1004,
-    "vision_config": {"hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 256},
-}
 NEW_TOKENS = 3
 
 
@@ -28,7 +22,7 @@ NEW_TOKENS = 3
 def captured():
     from opgym import models
 
-    cfg = models.qwen2_5_vl_3b_config(text_layers=2, vision_blocks=2, _widths=TINY)
+    cfg = models.qwen2_5_vl_3b_config(text_layers=2, vision_blocks=2, _widths=TINY_QWEN25VL)
     model = models.build_model(cfg, seed=0, dtype=torch.bfloat16)
     inputs = models.make_inputs(cfg, models.synthetic_page(width=56, height=84))
     with torch.no_grad(), opgym.capture(model) as cap:

@@ -11,24 +11,13 @@ import opgym
 import importlib
 patch_mod = importlib.import_module("opgym.integrations.rms_norm")
 NORMS = ("rms_norm",)  # these tests count RMSNorm calls: the layers' add+norm fusion is test_add_rms_norm.py's
-from conftest import ulp_diff
+from conftest import ulp_diff, tiny_qwen25vl
 
-TINY_QWEN25VL = {
-    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 1,
-    "vocab_size": 1024, "bos_token_id": 1000, "eos_token_id": 1001, "image_token_id": 1002,
-    "vision_start_token_id": 1003, "vision_end_token_id": 1004,
-    "vision_config": {"hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 256},
-}
 
 
 @pytest.fixture(scope="module")
 def qwen25vl():
-    from opgym import models
-
-    cfg = models.qwen2_5_vl_3b_config(text_layers=2, vision_blocks=2, _widths=TINY_QWEN25VL)
-    model = models.build_model(cfg, seed=0, dtype=torch.bfloat16)
-    inputs = models.make_inputs(cfg, models.synthetic_page(width=56, height=56))
-    return model, inputs
+    return tiny_qwen25vl()
 
 
 def _tiny_qwen3(dtype=torch.bfloat16):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import opgym
+from conftest import tiny_qwen25vl
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -178,25 +179,15 @@ def test_captured_shapes_bit_exact_with_hf(case):
 
 # ---- the per-instance hook in opgym.patch --------------------------------------------------------
 
-TINY_QWEN25VL = {
-    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 1,
-    "vocab_size": 1024, "bos_token_id": 1000, "eos_token_id": 1001, "image_token_id": 1002,
-    "vision_start_token_id": 1003, "vision_end_token_id": 1004,
-    "vision_config": {"hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 256},
-}
 
 
 def _qwen25vl(seed=0):
-    from opgym import models
-
-    cfg = models.qwen2_5_vl_3b_config(text_layers=2, vision_blocks=2, _widths=TINY_QWEN25VL)
-    model = models.build_model(cfg, seed=seed, dtype=torch.bfloat16)
-    return model, models.make_inputs(cfg, models.synthetic_page(width=56, height=56))
+    return tiny_qwen25vl(seed)
 
 
 @pytest.fixture(scope="module")
 def qwen25vl():
-    return _qwen25vl()
+    return tiny_qwen25vl()
 
 
 def test_qwen2_5_vl_rotary_fused_bit_identical(qwen25vl):

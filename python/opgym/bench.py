@@ -131,6 +131,24 @@ def _time_interleaved(fns: dict, self_timed: dict, samples: int, sample_ms: floa
     return {name: statistics.median(v) for name, v in res.items()}
 
 
+def _finish_row(row: dict, impls, secs: dict) -> dict:
+    """Adds each implementation's microseconds, GB/s (row["bytes"] moved), % of the copy and opgym's
+    speedup over each peer; prints the row."""
+    for name in impls:
+        if name in secs:
+            row[name + "_us"] = secs[name] * 1e6
+            row[name + "_gbs"] = row["bytes"] / secs[name] / 1e9
+    if "copy_us" in row:
+        for name in impls:
+            if name + "_us" in row and not name.startswith("empty_like"):
+                row[name + "_pct_copy"] = 100.0 * row["copy_us"] / row[name + "_us"]
+    for ref in ("hf_eager", "F.rms_norm", "compile"):
+        if ref + "_us" in row and "opgym_us" in row:
+            row["speedup_vs_" + ref] = row[ref + "_us"] / row["opgym_us"]
+    yield_row(row, impls)
+    return row
+
+
 def _rotary_inputs(args):
     """(label, q shape, k shape, cos shape, q dtype, cos dtype, mode, unsqueeze_dim) per benchmarked call."""
     out = []
@@ -190,19 +208,7 @@ def _run_rotary(args, impls, threads) -> list[dict]:
                 secs = _time_interleaved(loops, {}, args.samples, args.sample_ms)
             row = {"shape": list(qs), "k_shape": list(ks), "dtype": dt, "mode": mode, "label": label, "threads": nt,
                    "bytes": nbytes}
-            for name in impls:
-                if name in secs:
-                    row[name + "_us"] = secs[name] * 1e6
-                    row[name + "_gbs"] = nbytes / secs[name] / 1e9
-            if "copy_us" in row:
-                for name in impls:
-                    if name + "_us" in row and not name.startswith("empty_like"):
-                        row[name + "_pct_copy"] = 100.0 * row["copy_us"] / row[name + "_us"]
-            for ref in ("hf_eager", "compile"):
-                if ref + "_us" in row and "opgym_us" in row:
-                    row["speedup_vs_" + ref] = row[ref + "_us"] / row["opgym_us"]
-            rows.append(row)
-            yield_row(row, impls)
+            rows.append(_finish_row(row, impls, secs))
     return rows
 
 
@@ -303,19 +309,7 @@ def run_bench(args) -> list[dict]:
                     loops[name] = fn
             with torch.no_grad():
                 secs = _time_interleaved(loops, self_timed, args.samples, args.sample_ms)
-            for name in impls:
-                if name in secs:
-                    row[name + "_us"] = secs[name] * 1e6
-                    row[name + "_gbs"] = nbytes / secs[name] / 1e9
-            if "copy_us" in row:
-                for name in impls:
-                    if name + "_us" in row and not name.startswith("empty_like"):
-                        row[name + "_pct_copy"] = 100.0 * row["copy_us"] / row[name + "_us"]
-            for ref in ("hf_eager", "F.rms_norm", "compile"):
-                if ref + "_us" in row and "opgym_us" in row:
-                    row["speedup_vs_" + ref] = row[ref + "_us"] / row["opgym_us"]
-            rows.append(row)
-            yield_row(row, impls)
+            rows.append(_finish_row(row, impls, secs))
     torch.set_num_threads(all_threads)
     return rows
 

@@ -1,5 +1,6 @@
 #include "cases/compare.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -60,6 +61,19 @@ Metrics compare(const Buffer& got, const Buffer& want, double rtol, double atol)
     if (!close) ++m.not_close;
   }
   m.identical = m.count ? static_cast<double>(same) / static_cast<double>(m.count) : 1.0;
+  return m;
+}
+
+Metrics merge(const Metrics& a, const Metrics& b) {
+  Metrics m;
+  m.count = a.count + b.count;
+  m.max_abs = std::max(a.max_abs, b.max_abs);
+  m.max_rel = std::max(a.max_rel, b.max_rel);
+  m.max_ulp = std::max(a.max_ulp, b.max_ulp);
+  m.identical = m.count ? (a.identical * static_cast<double>(a.count) + b.identical * static_cast<double>(b.count)) /
+                              static_cast<double>(m.count)
+                        : 1.0;
+  m.not_close = a.not_close + b.not_close;
   return m;
 }
 

@@ -18,6 +18,8 @@ struct Metrics {
 
 // got and want: same shape and dtype (contiguous buffers).
 Metrics compare(const Buffer& got, const Buffer& want, double rtol, double atol);
+// The figures of two compared outputs taken together (an op with two outputs reports one line).
+Metrics merge(const Metrics& a, const Metrics& b);
 // Distance in representable values between two encodings of `dtype` (0 for equal, NaN-aware).
 int64_t ulp_distance(DType dtype, uint32_t a_bits, uint32_t b_bits);
 

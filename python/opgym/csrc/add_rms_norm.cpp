@@ -114,13 +114,6 @@ c10::TypedOperatorHandle<InplaceFn>& inplace_op() {
   return op;
 }
 
-bool grad_needed(std::initializer_list<const at::Tensor*> ts) {
-  if (!at::GradMode::is_enabled()) return false;
-  for (const at::Tensor* t : ts)
-    if (t->requires_grad()) return true;
-  return false;
-}
-
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_autograd(c10::DispatchKeySet ks, const at::Tensor& x,
                                                          const at::Tensor& residual, const at::Tensor& weight,
                                                          double eps, c10::string_view mode, bool weight_offset) {

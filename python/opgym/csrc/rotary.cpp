@@ -116,13 +116,6 @@ c10::TypedOperatorHandle<InplaceFn>& inplace_op() {
   return op;
 }
 
-bool grad_needed(std::initializer_list<const at::Tensor*> ts) {
-  if (!at::GradMode::is_enabled()) return false;
-  for (const at::Tensor* t : ts)
-    if (t->requires_grad()) return true;
-  return false;
-}
-
 std::tuple<at::Tensor, at::Tensor> rotary_autograd(c10::DispatchKeySet ks, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& cos, const at::Tensor& sin, int64_t unsqueeze_dim,
                                                    c10::string_view mode, c10::optional<at::IntArrayRef> mrope_section) {

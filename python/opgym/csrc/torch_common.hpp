@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <exception>
+#include <initializer_list>
 #include <string_view>
 
 #include "opgym/opgym.hpp"
@@ -60,6 +61,14 @@ inline opgym::DType check_tensor_arg(const at::Tensor& t, const char* name, cons
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, "opgym::", op, ": ", name, " must be a strided (dense) tensor, got layout ",
                     t.layout());
   return to_opgym_dtype(t.scalar_type(), name, op);
+}
+
+// Whether autograd would need a gradient through any of ts (grad mode on and one requires grad).
+inline bool grad_needed(std::initializer_list<const at::Tensor*> ts) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : ts)
+    if (t->requires_grad()) return true;
+  return false;
 }
 
 // A size check that is a ValueError on concrete sizes and a symbolic check (no guard) under

@@ -146,13 +146,6 @@ at::Tensor rms_norm_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const 
 // counter of the tensor they overwrite, as torch's own in-place and out= ops do, so autograd can tell
 // that a tensor it saved was overwritten; that key is in every normal tensor's key set, so this holds
 // under no_grad and inference_mode too (inference tensors have no version counter and skip it).
-bool grad_needed(std::initializer_list<const at::Tensor*> ts) {
-  if (!at::GradMode::is_enabled()) return false;
-  for (const at::Tensor* t : ts)
-    if (t->requires_grad()) return true;
-  return false;
-}
-
 at::Tensor& rms_norm_out_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& weight, double eps,
                                   c10::string_view mode, bool weight_offset, at::Tensor& out) {
   TORCH_CHECK(!grad_needed({&x, &weight, &out}),

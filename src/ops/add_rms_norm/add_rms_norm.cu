@@ -11,6 +11,7 @@
 
 #include "core/checks.hpp"
 #include "opgym/add_rms_norm.hpp"
+#include "core/cuda_dtypes.cuh"
 #include "opgym/cuda.hpp"
 #include "ops/add_rms_norm/kernel.hpp"
 
@@ -18,21 +19,6 @@ namespace opgym::cuda {
 
 namespace {
 
-struct AF32 {
-  using S = float;
-  __device__ static float to_f32(float v) { return v; }
-  __device__ static float from_f32(float v) { return v; }
-};
-struct AF16 {
-  using S = unsigned short;
-  __device__ static float to_f32(unsigned short v) { return __half2float(__ushort_as_half(v)); }
-  __device__ static unsigned short from_f32(float v) { return __half_as_ushort(__float2half_rn(v)); }
-};
-struct ABF16 {
-  using S = unsigned short;
-  __device__ static float to_f32(unsigned short v) { return __bfloat162float(__ushort_as_bfloat16(v)); }
-  __device__ static unsigned short from_f32(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
-};
 
 struct AddParams {
   const void* x;
@@ -100,9 +86,9 @@ void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorV
   const unsigned threads = p.dim >= 512 ? 256u : p.dim >= 128 ? 128u : 32u;
   cudaStream_t st = stream;
   switch (x.dtype) {
-    case DType::float16: add_rows_kernel<AF16><<<blocks, threads, 0, st>>>(p); break;
-    case DType::bfloat16: add_rows_kernel<ABF16><<<blocks, threads, 0, st>>>(p); break;
-    default: add_rows_kernel<AF32><<<blocks, threads, 0, st>>>(p); break;
+    case DType::float16: add_rows_kernel<DF16><<<blocks, threads, 0, st>>>(p); break;
+    case DType::bfloat16: add_rows_kernel<DBF16><<<blocks, threads, 0, st>>>(p); break;
+    default: add_rows_kernel<DF32><<<blocks, threads, 0, st>>>(p); break;
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)

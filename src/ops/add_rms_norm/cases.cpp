@@ -16,20 +16,6 @@
 
 namespace opgym {
 
-namespace {
-cases::Metrics merge(const cases::Metrics& a, const cases::Metrics& b) {
-  cases::Metrics m;
-  m.count = a.count + b.count;
-  m.max_abs = std::max(a.max_abs, b.max_abs);
-  m.max_rel = std::max(a.max_rel, b.max_rel);
-  m.max_ulp = std::max(a.max_ulp, b.max_ulp);
-  m.identical = m.count ? (a.identical * static_cast<double>(a.count) + b.identical * static_cast<double>(b.count)) /
-                              static_cast<double>(m.count)
-                        : 1.0;
-  m.not_close = a.not_close + b.not_close;
-  return m;
-}
-}  // namespace
 
 cases::CaseResult run_add_rms_norm_case(const cases::Case& c, const cases::CaseFile& file, const cases::RunOptions& opt) {
   using namespace cases;

@@ -39,30 +39,13 @@
 #include <type_traits>
 
 #include "core/checks.hpp"
+#include "core/cuda_dtypes.cuh"
 #include "ops/rms_norm/kernel.hpp"
 #include "opgym/cuda.hpp"
 
 namespace opgym::cuda {
 
 namespace {
-
-// ---- dtypes: storage and conversions (RNE, NaN stays NaN, subnormals kept) -----------------------
-
-struct DF32 {
-  using S = float;
-  __device__ static float to_f32(float v) { return v; }
-  __device__ static float from_f32(float v) { return v; }
-};
-struct DF16 {
-  using S = unsigned short;
-  __device__ static float to_f32(unsigned short v) { return __half2float(__ushort_as_half(v)); }
-  __device__ static unsigned short from_f32(float v) { return __half_as_ushort(__float2half_rn(v)); }
-};
-struct DBF16 {
-  using S = unsigned short;
-  __device__ static float to_f32(unsigned short v) { return __bfloat162float(__ushort_as_bfloat16(v)); }
-  __device__ static unsigned short from_f32(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
-};
 
 // N elements loaded or stored as one access of N * sizeof(S) bytes (2 to 16).
 template <class S, int N>

@@ -75,15 +75,8 @@ cases::CaseResult run_rotary_case(const cases::Case& c, const cases::CaseFile& f
   rotary(b[0].view(), b[1].view(), b[2].view(), b[3].view(), gq.view(), gk.view(), o, opt.executor);
   reference::rotary_basic_ops(b[0].view(), b[1].view(), b[2].view(), b[3].view(), wq.view(), wk.view(), o);
   const Metrics mq = compare(gq, wq, c.rtol, c.atol), mk = compare(gk, wk, c.rtol, c.atol);
-  Metrics& m = r.metrics;
-  m.count = mq.count + mk.count;
-  m.max_abs = std::max(mq.max_abs, mk.max_abs);
-  m.max_rel = std::max(mq.max_rel, mk.max_rel);
-  m.max_ulp = std::max(mq.max_ulp, mk.max_ulp);
-  m.identical = m.count ? (mq.identical * static_cast<double>(mq.count) + mk.identical * static_cast<double>(mk.count)) /
-                              static_cast<double>(m.count)
-                        : 1.0;
-  m.not_close = mq.not_close + mk.not_close;
+  r.metrics = merge(mq, mk);
+  const Metrics& m = r.metrics;
   r.pass = m.allclose();
   if ((!q_decl.empty() && q_decl != q.shape) || (!k_decl.empty() && k_decl != k.shape)) {
     r.pass = false;

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/cuda_dtypes.cuh"
 #include "opgym/cuda.hpp"
 #include "opgym/error.hpp"
 #include "ops/rotary/kernel.hpp"
@@ -18,21 +19,6 @@ namespace opgym::cuda {
 
 namespace {
 
-struct RF32 {
-  using S = float;
-  __device__ static float to_f32(float v) { return v; }
-  __device__ static float from_f32(float v) { return v; }
-};
-struct RF16 {
-  using S = unsigned short;
-  __device__ static float to_f32(unsigned short v) { return __half2float(__ushort_as_half(v)); }
-  __device__ static unsigned short from_f32(float v) { return __half_as_ushort(__float2half_rn(v)); }
-};
-struct RBF16 {
-  using S = unsigned short;
-  __device__ static float to_f32(unsigned short v) { return __bfloat162float(__ushort_as_bfloat16(v)); }
-  __device__ static unsigned short from_f32(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
-};
 
 template <class TX, class TC, bool kHf>
 __global__ void rotary_kernel(detail::RotaryJob job, int64_t total_pairs) {
@@ -67,14 +53,6 @@ __global__ void rotary_kernel(detail::RotaryJob job, int64_t total_pairs) {
   }
 }
 
-template <class Fn>
-void with_dtype(DType t, Fn&& fn) {
-  switch (t) {
-    case DType::float16: return fn(RF16{});
-    case DType::bfloat16: return fn(RBF16{});
-    default: return fn(RF32{});
-  }
-}
 
 }  // namespace
 
@@ -89,12 +67,12 @@ void rotary(const TensorView& q, const TensorView& k, const TensorView& cos, con
   const int threads = 256;
   const int64_t want = (pairs + threads - 1) / threads;
   const unsigned blocks = static_cast<unsigned>(want < 65535 * 8 ? want : 65535 * 8);
-  with_dtype(job.x_dtype, [&](auto tx) {
+  with_device_dtype(job.x_dtype, [&](auto tx) {
     using TX = decltype(tx);
     if (job.hf) {
       rotary_kernel<TX, TX, true><<<blocks, threads, 0, stream>>>(job, pairs);
     } else {
-      with_dtype(job.cs_dtype, [&](auto tc) {
+      with_device_dtype(job.cs_dtype, [&](auto tc) {
         rotary_kernel<TX, decltype(tc), false><<<blocks, threads, 0, stream>>>(job, pairs);
       });
     }
