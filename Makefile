@@ -4,10 +4,12 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := cmake ninja-build g++ make libgtest-dev libgmock-dev nlohmann-json3-dev libbenchmark-dev libcli11-dev
+APT_PACKAGES := cmake ninja-build g++ make libgtest-dev libgmock-dev nlohmann-json3-dev libbenchmark-dev libcli11-dev \
+                clang libclang-rt-14-dev
+FUZZ_SECONDS ?= 10
 CMAKE_ARGS ?=
 
-.PHONY: all deps venv build build-asan test test-cpp test-asan test-python install-python run bench clean
+.PHONY: all deps venv build build-asan build-fuzz test test-cpp test-asan test-fuzz test-python test-huge install-python run bench clean
 
 all: build
 
@@ -35,6 +37,17 @@ build-asan: deps
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPGYM_SANITIZE=ON -DOPGYM_BUILD_BENCH=OFF -DOPGYM_CUDA=off $(CMAKE_ARGS) >/dev/null
 	cmake --build build-asan -j $(JOBS)
 
+# libFuzzer targets (clang, ASan + UBSan, -O1: the sanitizers' usual level, and a fast build).
+build-fuzz: deps
+	CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g" \
+	  -DOPGYM_FUZZ=ON -DOPGYM_SANITIZE=ON -DOPGYM_CUDA=off -DOPGYM_BUILD_TESTS=OFF -DOPGYM_BUILD_BENCH=OFF \
+	  -DOPGYM_BUILD_TOOLS=OFF $(CMAKE_ARGS) >/dev/null
+	cmake --build build-fuzz -j $(JOBS)
+
+# Each fuzz target for FUZZ_SECONDS on its corpus (fuzz/corpus/<target>); a crash fails the run.
+test-fuzz: build-fuzz
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
 test-cpp: build
 	ctest --test-dir build -j $(JOBS) --output-on-failure
 
@@ -48,7 +61,11 @@ install-python: venv deps
 test-python: install-python
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider .
 
-test: test-cpp test-asan test-python
+# Every op past 2^31 elements (~10 GB, a minute): its own target, run once by `make test`.
+test-huge: install-python
+	cd tests && OPGYM_HUGE=1 ../$(PY) -m pytest -q -p no:cacheprovider huge
+
+test: test-cpp test-asan test-fuzz test-python test-huge
 
 run: install-python
 	$(VENV)/bin/opgym run $(RUN_ARGS)
@@ -57,4 +74,4 @@ bench: build install-python
 	$(VENV)/bin/opgym bench $(BENCH_ARGS)
 
 clean:
-	rm -rf build build-asan _skbuild dist *.egg-info
+	rm -rf build build-asan build-fuzz _skbuild dist *.egg-info

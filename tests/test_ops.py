@@ -124,9 +124,9 @@ def test_work_runs_on_torchs_intra_op_threads():
     prev = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert torch.ops.opgym._parallel_probe(64) == 2
+        assert torch.ops.opgym_internal.parallel_probe(64) == 2
         torch.set_num_threads(1)
-        assert torch.ops.opgym._parallel_probe(64) == 1
+        assert torch.ops.opgym_internal.parallel_probe(64) == 1
     finally:
         torch.set_num_threads(prev)
 
@@ -303,3 +303,16 @@ def test_compile_bare_ops_dynamic():
         for a, b in zip(got, want):
             assert torch.equal(a, b)
     assert cnt.frame_count == 1
+
+
+def test_helpers_live_outside_the_public_namespace_and_check_counts():
+    """bench_core, parallel_probe and the output-cache helpers are in opgym_internal; a runaway count
+    is refused at once instead of spinning for minutes."""
+    with pytest.raises(ValueError, match="n must be 1 to 4096"):
+        torch.ops.opgym_internal.parallel_probe(1 << 40)
+    with pytest.raises(ValueError, match="samples must be 1 to 1000"):
+        torch.ops.opgym_internal.bench_core(torch.randn(2, 8), torch.randn(8), 1e-6, "fused", 1 << 30, 1.0)
+    with pytest.raises(ValueError, match="sample_ms must be in"):
+        torch.ops.opgym_internal.bench_core(torch.randn(2, 8), torch.randn(8), 1e-6, "fused", 1, 1e9)
+    for name in ("bench_core", "_parallel_probe", "_output_cache_info", "_set_output_cache_limit"):
+        assert not hasattr(torch.ops.opgym, name), name

@@ -154,7 +154,7 @@ def test_bad_limit_is_a_value_error():
     with pytest.raises(ValueError, match="limit_bytes must be an int >= 0"):
         opgym.set_output_cache_limit(-1)
     with pytest.raises(ValueError, match="limit must be >= 0 bytes"):
-        torch.ops.opgym._set_output_cache_limit(-5)
+        torch.ops.opgym_internal.set_output_cache_limit(-5)
 
 
 def test_environment_sets_the_initial_limit():

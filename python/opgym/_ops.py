@@ -127,7 +127,7 @@ def output_cache_info() -> dict:
     """
     _require()
     keys = ("limit_bytes", "cached_bytes", "cached_blocks", "hits", "misses")
-    return dict(zip(keys, torch.ops.opgym._output_cache_info()))
+    return dict(zip(keys, torch.ops.opgym_internal.output_cache_info()))
 
 
 def set_output_cache_limit(limit_bytes: int) -> None:
@@ -135,10 +135,10 @@ def set_output_cache_limit(limit_bytes: int) -> None:
     _require()
     if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
         raise ValueError(f"opgym.set_output_cache_limit: limit_bytes must be an int >= 0, got {limit_bytes!r}")
-    torch.ops.opgym._set_output_cache_limit(limit_bytes)
+    torch.ops.opgym_internal.set_output_cache_limit(limit_bytes)
 
 
 def empty_output_cache() -> None:
     """Returns every block the output cache holds to the OS (outputs still alive are not touched)."""
     _require()
-    torch.ops.opgym._empty_output_cache()
+    torch.ops.opgym_internal.empty_output_cache()

@@ -228,7 +228,7 @@ def run_bench(args) -> list[dict]:
             return _run_rotary(args, impls, threads)
         finally:
             torch.set_num_threads(all_threads)
-    has_cpp = hasattr(torch.ops.opgym, "bench_core")
+    has_cpp = hasattr(torch.ops.opgym_internal, "bench_core")
     rows = []
     compiled, modules = {}, {}
     if "compile" in impls:
@@ -303,7 +303,7 @@ def run_bench(args) -> list[dict]:
                 if name == "basic_ops" and (nt != 1 or x.numel() > (1 << 22)):
                     continue  # single-threaded by design; very slow on the largest shapes
                 if isinstance(fn, tuple):  # the C++ API in a C++ loop: one sample per call, ns per call
-                    self_timed[name] = (lambda impl: lambda: 1e-9 * torch.ops.opgym.bench_core(
+                    self_timed[name] = (lambda impl: lambda: 1e-9 * torch.ops.opgym_internal.bench_core(
                         x, w, 1e-6, impl, 1, args.sample_ms))(fn[1])
                 else:
                     loops[name] = fn

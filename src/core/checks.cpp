@@ -41,6 +41,11 @@ void check_view(const TensorView& t, const char* name, const char* op, bool need
     throw Error(name, pre(op, name) + " must be contiguous in its last dim (stride 1), got stride " +
                           std::to_string(t.strides[t.rank - 1]));
   if (need_data && t.data == nullptr && t.numel() > 0) throw Error(name, pre(op, name) + " has no data (null pointer)");
+  // Elements are read as their type: an address off the element size is undefined behaviour in C++
+  // (found by the fuzzers on the scalar path), and torch never makes such a tensor.
+  if (t.data != nullptr && reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0)
+    throw Error(name, pre(op, name) + " data must be aligned to its element size (" + std::to_string(dtype_size(t.dtype)) +
+                          " bytes)");
 }
 
 void check_no_self_overlap(const TensorView& t, const char* name, const char* op) {

@@ -6,7 +6,7 @@
 namespace opgym::detail {
 
 // rank 1..8, dims >= 0, strides >= 0, last dim contiguous, element count and extent fit in
-// int64, data non-null when there are elements.
+// int64, data non-null when there are elements and aligned to the element size.
 void check_view(const TensorView& t, const char* name, const char* op, bool need_data = true);
 // No two elements of t share memory (needed for anything written).
 void check_no_self_overlap(const TensorView& t, const char* name, const char* op);

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "cases/inputs.hpp"
+
 #include "core/convert.hpp"
 #include "ops/rms_norm/kernel.hpp"
 #include "opgym/opgym.hpp"
@@ -194,6 +196,58 @@ TEST(ThreadPool, CoversEveryIndexOnceAndRunsConcurrentCallers) {
   for (auto& c : callers) c.join();
   EXPECT_EQ(total.load(), 4 * 50 * 64);
   EXPECT_THROW(make_thread_pool(0), Error);
+}
+
+// Found by the fuzzers: data off its element alignment was read with typed loads (undefined
+// behaviour). Every op now refuses it, naming the argument, before touching memory.
+TEST(Checks, MisalignedDataIsRefusedByEveryOp) {
+  alignas(64) unsigned char buf[4096] = {};
+  const auto at = [&](size_t byte, std::initializer_list<int64_t> shape) {
+    return TensorView::contiguous(buf + byte, DType::bfloat16, shape);
+  };
+  auto expect = [](auto&& call, const char* arg) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for " << arg;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), arg) << e.what();
+      EXPECT_NE(std::string(e.what()).find("aligned to its element size"), std::string::npos) << e.what();
+    }
+  };
+  expect([&] { rms_norm(at(1, {2, 8}), at(64, {8}), at(128, {2, 8})); }, "x");
+  expect([&] { rms_norm(at(0, {2, 8}), at(65, {8}), at(128, {2, 8})); }, "weight");
+  expect([&] { add_rms_norm(at(0, {2, 8}), at(193, {2, 8}), at(64, {8}), at(128, {2, 8}), at(256, {2, 8})); }, "residual");
+  expect([&] { rotary(at(0, {1, 2, 8}), at(64, {1, 2, 8}), at(129, {1, 8}), at(192, {1, 8}), at(256, {1, 2, 8}),
+                      at(320, {1, 2, 8})); }, "cos");
+}
+
+// Ops called from inside the pool's own tasks (a nested caller) and from several threads at once on
+// one pool: no deadlock (a caller that finds the pool busy runs inline), every result the
+// single-threaded one.
+TEST(ThreadPool, NestedAndConcurrentCallersOfEveryOp) {
+  auto pool = make_thread_pool(3);
+  const int64_t rows = 200, dim = 2048;
+  cases::Buffer x = cases::make_normal({"x", {rows, dim}, DType::bfloat16}, 5, 0);
+  cases::Buffer r = cases::make_normal({"r", {rows, dim}, DType::bfloat16}, 5, 1);
+  cases::Buffer w = cases::make_normal({"w", {dim}, DType::bfloat16}, 5, 2);
+  cases::Buffer want = cases::make_buffer({rows, dim}, DType::bfloat16), want_sum = want;
+  add_rms_norm(x.view(), r.view(), w.view(), want.view(), want_sum.view());
+  std::atomic<int> bad{0};
+  auto one = [&](Executor* ex) {
+    cases::Buffer out = cases::make_buffer({rows, dim}, DType::bfloat16), sum = out;
+    add_rms_norm(x.view(), r.view(), w.view(), out.view(), sum.view(), {}, ex);
+    if (out.bytes != want.bytes || sum.bytes != want_sum.bytes) ++bad;
+  };
+  pool->parallel_for(6, 1, [&](int64_t b, int64_t e) {  // nested: each task calls the op on the same pool
+    for (int64_t i = b; i < e; ++i) one(pool.get());
+  });
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 4; ++t)
+    callers.emplace_back([&] {
+      for (int k = 0; k < 3; ++k) one(pool.get()), one(nullptr);  // this pool and the default one
+    });
+  for (auto& c : callers) c.join();
+  EXPECT_EQ(bad.load(), 0);
 }
 
 }  // namespace

@@ -1,11 +1,29 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "opgym/cpu.hpp"
 #include "opgym/error.hpp"
 
 namespace opgym {
+
+#if defined(__x86_64__) || defined(__i386__)
+namespace {
+// F16C and AVX512-FP16 straight from CPUID: clang 14's __builtin_cpu_supports does not know them
+// (GCC's does), and the fuzz build is clang's.
+bool has_f16c() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+}
+bool has_avx512fp16() {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 23)) != 0;
+}
+}  // namespace
+#endif
 
 const char* isa_name(CpuIsa isa) {
   switch (isa) {
@@ -29,7 +47,7 @@ bool cpu_supports(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::scalar: return true;
     case CpuIsa::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case CpuIsa::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
@@ -84,10 +102,10 @@ const char* cpu_features() {
     const char* names[] = {"sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx512fp16"};
     const bool has[] = {__builtin_cpu_supports("sse4.2") != 0, __builtin_cpu_supports("avx") != 0,
                         __builtin_cpu_supports("avx2") != 0, __builtin_cpu_supports("fma") != 0,
-                        __builtin_cpu_supports("f16c") != 0, __builtin_cpu_supports("avx512f") != 0,
+                        has_f16c(), __builtin_cpu_supports("avx512f") != 0,
                         __builtin_cpu_supports("avx512bw") != 0, __builtin_cpu_supports("avx512vl") != 0,
                         __builtin_cpu_supports("avx512dq") != 0, __builtin_cpu_supports("avx512bf16") != 0,
-                        __builtin_cpu_supports("avx512fp16") != 0};
+                        has_avx512fp16()};
     for (size_t i = 0; i < sizeof has / sizeof has[0]; ++i)
       if (has[i]) f += (f.empty() ? "" : " ") + std::string(names[i]);
 #endif

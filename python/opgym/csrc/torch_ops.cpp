@@ -223,7 +223,9 @@ double bench_core(const at::Tensor& x, const at::Tensor& weight, double eps, c10
   TORCH_CHECK_VALUE(x.device().is_cpu() && weight.device().is_cpu(), "opgym::bench_core: CPU tensors only");
   TORCH_CHECK_VALUE(impl == "fused" || impl == "basic_ops" || impl == "dispatch",
                     "opgym::bench_core: impl must be fused, basic_ops or dispatch");
-  TORCH_CHECK_VALUE(samples >= 1 && sample_ms > 0, "opgym::bench_core: samples >= 1 and sample_ms > 0");
+  TORCH_CHECK_VALUE(samples >= 1 && samples <= 1000, "opgym_internal::bench_core: samples must be 1 to 1000, got ", samples);
+  TORCH_CHECK_VALUE(sample_ms > 0 && sample_ms <= 10000, "opgym_internal::bench_core: sample_ms must be in (0, 10000], got ",
+                    sample_ms);
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::promote_types(weight.scalar_type(), x.scalar_type())));
   const opgym::TensorView xv = view_of(xc), wv = view_of(weight), ov = view_of(out);
@@ -256,7 +258,10 @@ double bench_core(const at::Tensor& x, const at::Tensor& weight, double eps, c10
 }
 // How many distinct threads the core's executor inside torch really uses for n tasks: a build in
 // which at::parallel_for's OpenMP pragma was compiled out would answer 1 whatever set_num_threads says.
+constexpr int64_t kMaxProbeTasks = 4096;  // 200 us each: at most ~0.8 s of spinning on one thread
 int64_t parallel_probe(int64_t n) {
+  TORCH_CHECK_VALUE(n >= 1 && n <= kMaxProbeTasks, "opgym_internal::parallel_probe: n must be 1 to ", kMaxProbeTasks,
+                    " tasks, got ", n);
   std::mutex m;
   std::set<std::thread::id> ids;
   aten_executor().parallel_for(n, 1, [&](int64_t b, int64_t e) {
@@ -272,21 +277,26 @@ int64_t parallel_probe(int64_t n) {
 
 // Lets Python ask what this build has, without a pybind module.
 TORCH_LIBRARY_FRAGMENT(opgym, m) {
-  m.def("bench_core(Tensor x, Tensor weight, float eps, str impl, int samples, float sample_ms) -> float", &bench_core);
-  m.def("_parallel_probe(int n) -> int", &parallel_probe);
-  // The functional operators' output cache (output_cache.hpp): [limit, cached bytes, cached blocks,
-  // hits, misses]; a new limit in bytes (0: off); free every cached block.
-  m.def("_output_cache_info() -> int[]", []() -> std::vector<int64_t> {
-    const OutputCacheInfo i = output_cache_info();
-    return {i.limit_bytes, i.cached_bytes, i.cached_blocks, i.hits, i.misses};
-  });
-  m.def("_set_output_cache_limit(int bytes) -> ()", [](int64_t bytes) {
-    TORCH_CHECK_VALUE(bytes >= 0, "opgym: the output cache limit must be >= 0 bytes, got ", bytes);
-    set_output_cache_limit(bytes);
-  });
-  m.def("_empty_output_cache() -> ()", &empty_output_cache);
   m.def("build_info() -> str", []() -> std::string {
     return std::string("opgym ") + opgym::kVersion + "; cpu isa " + opgym::isa_name(opgym::active_cpu_isa()) +
            "; cpu features: " + opgym::cpu_features() + "; cuda operators: " + (OPGYM_EXT_CUDA ? "yes" : "no");
   });
+}
+
+// Test, benchmark and maintenance helpers: a namespace of their own, so the public `opgym` one holds
+// only operators (and build_info); each checks its counts.
+TORCH_LIBRARY(opgym_internal, m) {
+  m.def("bench_core(Tensor x, Tensor weight, float eps, str impl, int samples, float sample_ms) -> float", &bench_core);
+  m.def("parallel_probe(int n) -> int", &parallel_probe);
+  // The functional operators' output cache (output_cache.hpp): [limit, cached bytes, cached blocks,
+  // hits, misses]; a new limit in bytes (0: off); free every cached block.
+  m.def("output_cache_info() -> int[]", []() -> std::vector<int64_t> {
+    const OutputCacheInfo i = output_cache_info();
+    return {i.limit_bytes, i.cached_bytes, i.cached_blocks, i.hits, i.misses};
+  });
+  m.def("set_output_cache_limit(int bytes) -> ()", [](int64_t bytes) {
+    TORCH_CHECK_VALUE(bytes >= 0, "opgym: the output cache limit must be >= 0 bytes, got ", bytes);
+    set_output_cache_limit(bytes);
+  });
+  m.def("empty_output_cache() -> ()", &empty_output_cache);
 }
