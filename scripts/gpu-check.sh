@@ -167,6 +167,16 @@ else
   stage pytest "not run: opgym with CUDA operators does not import ($(grep -m1 -E 'Error' "$(log import)" | cut -c1-160))"
 fi
 
+# ---- 3b. every op past 2^31 elements on the GPU (tests/huge) -------------------------------------------
+if (( HAVE_EXT == 1 && HAVE_PYTEST )); then
+  (cd tests && OPGYM_HUGE=1 OPGYM_DEVICE=cuda timeout "$(cap 40 120)" "$PY" -m pytest -q -p no:cacheprovider huge) \
+    > "$(log huge)" 2>&1; rc=$?
+  summary="$(grep -E '(passed|failed|error|skipped)' "$(log huge)" | tail -1 | cut -c1-200)"
+  if (( rc == 0 )); then stage huge "ok: $summary"; else stage huge "FAIL (rc $rc): $summary; see $(log huge)"; fi
+else
+  stage huge "not run: no CUDA operators or no pytest"
+fi
+
 # ---- 4. whole network: opgym run --device cuda --------------------------------------------------------
 if (( HAVE_EXT == 1 )); then
   timeout "$(cap 90 150)" "$PY" -m opgym.cli run --device cuda --no-progress --report "$OUTDIR/run_cuda.json" \
