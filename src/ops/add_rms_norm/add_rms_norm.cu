@@ -65,12 +65,6 @@ void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorV
     throw Error("sum_order", std::string(op) + ": sum_order torch_cpu is the CPU's order; CUDA sums in the lanes64 order "
                              "(pass automatic or lanes64)");
   if (!detail::check_add_rms_norm_args(x, residual, weight, out, sum_out, opt)) return;
-  for (const auto* t : {&x, &residual, &sum_out}) {
-    const char* name = t == &x ? "x" : t == &residual ? "residual" : "sum_out";
-    if (reinterpret_cast<uintptr_t>(t->data) % dtype_size(t->dtype) != 0)
-      throw Error(name, std::string(op) + ": " + name + " data must be aligned to its element size (" +
-                            std::to_string(dtype_size(t->dtype)) + " bytes) on the GPU");
-  }
   const detail::AddRowsJob job = detail::add_rows_job(x, residual, sum_out);
   AddParams p{};
   p.x = job.x, p.r = job.r, p.s = job.s;
