@@ -50,6 +50,9 @@ elseif(NOT _opgym_cuda_mode STREQUAL "off")
     target_compile_definitions(opgym_cuda PRIVATE OPGYM_HAVE_CUDA=1)
 
     target_sources(opgym PRIVATE $<TARGET_OBJECTS:opgym_cuda>)
+    # `opgym` was created before CUDA was enabled, so its CUDA_ARCHITECTURES property started empty;
+    # the Makefiles generator refuses a target holding CUDA objects without one (Ninja did not ask).
+    set_target_properties(opgym PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
     target_compile_definitions(opgym PUBLIC OPGYM_HAVE_CUDA=1)
     # The shared runtime: the torch extension then shares torch's libcudart. Installed consumers get
     # the library by path, so the exported package needs no find_dependency(CUDAToolkit).

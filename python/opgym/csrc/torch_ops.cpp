@@ -24,6 +24,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <type_traits>
 #include <vector>
 #include <exception>
 #include <string>
@@ -178,7 +179,23 @@ at::Tensor& rms_norm_inplace_inplace_or_view(c10::DispatchKeySet ks, at::Tensor&
 
 }  // namespace
 
+// at::Tag::out and at::Tag::inplace are missing from some torch releases (2.11 has neither): the
+// tags are added where the enum has them, so one source builds against every supported torch.
+template <class T, class = void>
+struct HasOutTags : std::false_type {};
+template <class T>
+struct HasOutTags<T, std::void_t<decltype(T::out), decltype(T::inplace)>> : std::true_type {};
+
+template <class T = at::Tag>
+std::vector<at::Tag> tags_with(const char* kind) {
+  std::vector<at::Tag> tags{T::pt2_compliant_tag};
+  if constexpr (HasOutTags<T>::value) tags.push_back(std::string_view(kind) == "out" ? T::out : T::inplace);
+  return tags;
+}
+
 TORCH_LIBRARY(opgym, m) {
+  // Lvalues: an rvalue vector would bind to def's (schema, function) overload instead.
+  const std::vector<at::Tag> out_tags = tags_with("out"), inplace_tags = tags_with("inplace");
   m.def("rms_norm(Tensor x, Tensor weight, float eps, str mode=\"hf\", bool weight_offset=False) -> Tensor",
         {at::Tag::pt2_compliant_tag});
   // The mutable forms call the mode `norm_mode`: under torch.compile they are functionalized through
@@ -187,9 +204,9 @@ TORCH_LIBRARY(opgym, m) {
   // argument 'mode'").
   m.def("rms_norm_out(Tensor x, Tensor weight, float eps, str norm_mode=\"hf\", bool weight_offset=False, *, "
         "Tensor(a!) out) -> Tensor(a!)",
-        {at::Tag::out, at::Tag::pt2_compliant_tag});
+        out_tags);
   m.def("rms_norm_(Tensor(a!) x, Tensor weight, float eps, str norm_mode=\"hf\", bool weight_offset=False) -> Tensor(a!)",
-        {at::Tag::inplace, at::Tag::pt2_compliant_tag});
+        inplace_tags);
 }
 
 TORCH_LIBRARY_IMPL(opgym, CPU, m) {
