@@ -5,13 +5,13 @@
 #   scripts/gpu-check.sh            # results under $OUT (when set) or results/gpu-check/
 #
 # Stages (each one runs whatever the previous ones gave; a failed stage is reported, not fatal):
-#   1. build   CMake: the core with the CUDA backend (sm_90, OPGYM_CUDA=on) and the CUDA gtests.
-#              At the same time, the torch extension (opgym/_C.so with the CUDA operators) is built
-#              without CMake or pip: the core's sources with g++, the kernels with nvcc, the two
-#              torch_ops*.cpp with torch.utils.cpp_extension; it lands in a staged copy of the package.
+#   1. build   one build through the project's CMake (-DSKBUILD=ON, as pip's scikit-build-core does):
+#              the core with the CUDA backend (sm_90, OPGYM_CUDA=on), the CUDA gtests and the torch
+#              extension (opgym/_C.so, every op's CPU and CUDA operators, against the machine's own
+#              torch); the extension lands in a staged copy of the package.
 #   2. gtest   the CUDA gtests (bit-exact with the CPU path, graph capture, 64-bit offsets, errors).
-#   3. pytest  the precision suite with OPGYM_DEVICE=cuda.
-#   4. run     `opgym run --device cuda` (whole network, baseline vs opgym RMSNorm).
+#   3. pytest  the precision suite with OPGYM_DEVICE=cuda; 3b. tests/huge on the GPU.
+#   4. run     `opgym run --device cuda` (whole network, baseline vs every opgym op).
 #   5. bench   scripts/gpu_bench.py: captured shapes + size sweep vs HF eager, F.rms_norm,
 #              torch.compile, Liger; GB/s and % of a same-byte copy; decode latency in a CUDA graph.
 # Prints a stage summary and the benchmark table last. Whole run: under 8 minutes (stage timeouts
@@ -26,7 +26,6 @@ WORK="$REPO/build-gpu"
 STAGE="$WORK/pkg"          # PYTHONPATH: a copy of python/opgym with the built _C.so
 PY="${PYTHON:-python3}"
 JOBS="$(nproc 2>/dev/null || echo 8)"
-HALF=$(( JOBS > 1 ? JOBS / 2 : 1 ))
 BUDGET=450
 START=$SECONDS
 declare -A STATUS=()
@@ -64,76 +63,27 @@ fi
 export CUDA_HOME="${CUDA_HOME:-}"
 echo "CUDA_HOME: ${CUDA_HOME:-not found}"
 
-# ---- 1. build: CMake (core + CUDA + gtests) in the background, the torch extension meanwhile ----------
+# ---- 1. build: one CMake build (the project's own, as pip uses it) of the CUDA gtests and the extension --
+# -DSKBUILD=ON adds python/CMakeLists.txt (the torch extension) exactly as scikit-build-core does; it
+# builds against the torch of $PY, whatever its version, so no second, hand-listed build can drift from it.
 mkdir -p "$WORK"
-export WORK STAGE PY HALF NVCC REPO
-(
-  cmake -S . -B "$WORK/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPGYM_CUDA=on \
-    -DCMAKE_CUDA_ARCHITECTURES=90 ${NVCC:+-DCMAKE_CUDA_COMPILER=$NVCC} \
-    -DOPGYM_BUILD_TOOLS=OFF -DOPGYM_BUILD_BENCH=OFF -DOPGYM_BUILD_TESTS=ON &&
-  timeout 240 cmake --build "$WORK/cmake" -j "$HALF" --target opgym_cuda_tests
-) > "$(log cmake)" 2>&1 &
-CMAKE_PID=$!
-
-build_ext() {
-  # Core objects: the `opgym` library's sources as the root CMakeLists lists them, with its
-  # per-file instruction-set options; the kernels with nvcc; then the two torch_ops files.
-  local objdir="$WORK/obj" abi
-  mkdir -p "$objdir"
-  abi="$("$PY" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')" || return 1
-  "$PY" - "$REPO/CMakeLists.txt" > "$objdir/sources.txt" <<'EOF' || return 1
-import re, sys
-text = open(sys.argv[1]).read()
-block = re.search(r"add_library\(opgym\s(.*?)\)", text, re.S).group(1)
-opts = {m.group(1): m.group(2).replace(";", " ")
-        for m in re.finditer(r'set_source_files_properties\((\S+)\s+PROPERTIES\s+COMPILE_OPTIONS\s+"([^"]*)"', text, re.S)}
-for src in re.findall(r"\S+\.cpp", block):
-    print(src + "\t" + opts.get(src, ""))
-EOF
-  local fail=0
-  export OBJDIR="$objdir" ABI="$abi"
-  compile_one() {
-    local src="${1%%$'\t'*}" flags="${1#*$'\t'}"
-    # shellcheck disable=SC2086  # flags: several options
-    ${CXX:-g++} -std=c++17 -O3 -fPIC -ffp-contract=off -fno-fast-math -D_GLIBCXX_USE_CXX11_ABI="$ABI" \
-      -Iinclude -Isrc $flags -c "$src" -o "$OBJDIR/${src//\//_}.o"
-  }
-  export -f compile_one
-  xargs -P "$HALF" -d '\n' -I{} bash -c 'compile_one "$1"' _ {} < "$objdir/sources.txt" || fail=1
-  "$NVCC" -std=c++17 -O3 -Xcompiler=-fPIC,-ffp-contract=off -D_GLIBCXX_USE_CXX11_ABI="$abi" \
-    -fmad=false --prec-div=true --prec-sqrt=true -gencode arch=compute_90,code=sm_90 \
-    -Iinclude -Isrc -c src/ops/rms_norm/rms_norm.cu -o "$objdir/rms_norm_cu.o" || fail=1
-  (( fail )) && return 1
-  rm -rf "$STAGE" && mkdir -p "$STAGE" && cp -r python/opgym "$STAGE/opgym" && rm -f "$STAGE/opgym/_C.so"
-  MAX_JOBS="$HALF" "$PY" - "$objdir" "$STAGE/opgym/_C.so" <<'EOF'
-import glob, os, shutil, sys
-from torch.utils import cpp_extension
-objdir, dest = sys.argv[1], sys.argv[2]
-build = os.path.join(objdir, "ext")
-os.makedirs(build, exist_ok=True)
-path = cpp_extension.load(
-    name="opgym_C", sources=["python/opgym/csrc/torch_ops.cpp", "python/opgym/csrc/torch_ops_cuda.cpp"],
-    extra_include_paths=[os.path.abspath("include")],
-    extra_cflags=["-O3", "-DOPGYM_EXT_CUDA=1", "-ffp-contract=off", "-fno-fast-math"],
-    extra_ldflags=sorted(glob.glob(os.path.join(objdir, "*.o"))) + ["-lcudart"],
-    with_cuda=True, is_python_module=False, build_directory=build, verbose=True)
-shutil.copy(path if isinstance(path, str) and path.endswith(".so") else os.path.join(build, "opgym_C.so"), dest)
-print("extension:", dest)
-EOF
-}
 t0=$SECONDS
-if [ -z "$NVCC" ]; then
-  stage ext "FAIL: no nvcc"
-elif (export -f build_ext; timeout 240 bash -c build_ext) > "$(log ext)" 2>&1; then
-  stage ext "ok ($((SECONDS - t0)) s): $STAGE/opgym/_C.so"
-else
-  stage ext "FAIL ($((SECONDS - t0)) s): see $(log ext): $(grep -m1 -iE 'error' "$(log ext)" | cut -c1-160)"
-fi
-wait "$CMAKE_PID"; rc=$?
+(
+  cmake -S . -B "$WORK/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPGYM_CUDA=on -DSKBUILD=ON \
+    -DPython_EXECUTABLE="$(command -v "$PY")" -DCMAKE_CUDA_ARCHITECTURES=90 ${NVCC:+-DCMAKE_CUDA_COMPILER=$NVCC} \
+    -DOPGYM_BUILD_TOOLS=OFF -DOPGYM_BUILD_BENCH=OFF -DOPGYM_BUILD_TESTS=ON &&
+  timeout 300 cmake --build "$WORK/cmake" -j "$JOBS" --target opgym_cuda_tests opgym_torch
+) > "$(log cmake)" 2>&1; rc=$?
 if (( rc == 0 )); then
-  stage cmake "ok ($((SECONDS - START)) s since start)"
+  stage cmake "ok ($((SECONDS - t0)) s)"
 else
   stage cmake "FAIL: see $(log cmake): $(grep -m1 -iE 'error|could not find' "$(log cmake)" | cut -c1-160)"
+fi
+if [ -f "$WORK/cmake/python/_C.so" ]; then
+  rm -rf "$STAGE" && mkdir -p "$STAGE" && cp -r python/opgym "$STAGE/opgym" && cp "$WORK/cmake/python/_C.so" "$STAGE/opgym/_C.so"
+  stage ext "ok: $STAGE/opgym/_C.so (built by the cmake stage)"
+else
+  stage ext "FAIL: the cmake stage built no python/_C.so"
 fi
 
 # ---- 2. CUDA gtests ---------------------------------------------------------------------------------
