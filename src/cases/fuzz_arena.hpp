@@ -11,8 +11,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "opgym/error.hpp"
 #include "opgym/tensor.hpp"
 
 namespace opgym::fuzz {
@@ -195,6 +197,18 @@ inline void count(const char* refused, bool compared) {
   (void)on;
   ++n[threw ? 0 : 1];
   if (compared) ++n[2];
+}
+
+// Runs one call of the op under test: the refusal's text, or empty when it computed.
+template <class Fn>
+std::string refusal(Fn&& call) {
+  try {
+    call();
+    return {};
+  } catch (const Error& e) {
+    const std::string why = e.what();
+    return why.empty() ? std::string("(an error without text)") : why;
+  }
 }
 
 inline std::vector<unsigned char> snapshot(Arena& a) { return std::vector<unsigned char>(a.base(), a.base() + kArenaBytes); }

@@ -58,14 +58,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   const auto before = fuzz::snapshot(a);
-  bool threw = false;
-  std::string why;
-  try {
-    rotary(q, k, c, s, qo, ko, o, ex);
-  } catch (const Error& e) {
-    threw = true;
-    why = e.what();
-  }
+  const std::string why = fuzz::refusal([&] { rotary(q, k, c, s, qo, ko, o, ex); });
+  const bool threw = !why.empty();
   fuzz::count(threw ? why.c_str() : nullptr, !threw && golden_ok && fuzz::readable(qo) && fuzz::readable(ko));
   fuzz::check_writes(a, before, {qo, ko}, threw);
   if (!threw && golden_ok && fuzz::readable(qo) && fuzz::readable(ko) &&
