@@ -108,3 +108,14 @@ def tiny_qwen25vl(seed: int = 0, page=(56, 56)):
     model = models.build_model(cfg, seed=seed, dtype=torch.bfloat16)
     return model, models.make_inputs(cfg, models.synthetic_page(width=page[0], height=page[1]))
 
+
+def graph_recorder():
+    """(backend, graphs): a torch.compile backend that runs each graph eagerly and keeps its code."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    return backend, graphs
+

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import opgym
-from conftest import hf_rms_norm, tiny_qwen25vl
+from conftest import hf_rms_norm, tiny_qwen25vl, graph_recorder
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SHAPES = [(1, 1, 2048), (1, 37, 2048), (100, 1280), (1, 5, 4, 128), (3, 7), (2, 1000)]
@@ -356,11 +356,7 @@ def test_compile_whole_patched_model_fullgraph():
 
     model = _tiny_qwen3()
     ids = _ids(n=9)[:1]
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm.code)
-        return gm.forward
+    backend, graphs = graph_recorder()
 
     torch._dynamo.reset()
     with torch.no_grad():

@@ -11,7 +11,7 @@ import opgym
 import importlib
 patch_mod = importlib.import_module("opgym.integrations.rms_norm")
 NORMS = ("rms_norm",)  # these tests count RMSNorm calls: the layers' add+norm fusion is test_add_rms_norm.py's
-from conftest import ulp_diff, tiny_qwen25vl
+from conftest import ulp_diff, tiny_qwen25vl, graph_recorder
 
 
 
@@ -360,11 +360,7 @@ def test_compile_reads_switch_when_tracing(monkeypatch):
     import torch._dynamo
 
     module, handle = _patched_qwen_norm()
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm.code)
-        return gm.forward
+    backend, graphs = graph_recorder()
 
     x = torch.randn(1, 7, 256).bfloat16()
     torch._dynamo.reset()
@@ -385,11 +381,7 @@ def test_compile_whole_patched_model_fullgraph():
     model = _tiny_qwen3()
     handle = opgym.patch(model, ops=NORMS)
     ids = _ids(n=9, batch=1)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm.code)
-        return gm.forward
+    backend, graphs = graph_recorder()
 
     torch._dynamo.reset()
     with torch.no_grad():

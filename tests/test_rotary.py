@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import opgym
-from conftest import tiny_qwen25vl
+from conftest import tiny_qwen25vl, graph_recorder
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -269,11 +269,7 @@ def test_compile_whole_patched_model_fullgraph_and_undo_cleans_up():
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).eval().to(torch.bfloat16)
     ids = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(1))
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm.code)
-        return gm.forward
+    backend, graphs = graph_recorder()
 
     torch._dynamo.reset()
     before = set(sys.modules)

@@ -116,7 +116,7 @@ inline void mark(const TensorView& v, Arena& a, std::vector<char>& mask) {
 }
 
 // Copies a view's elements (valid extent) into a contiguous buffer of the same shape and dtype.
-inline std::vector<unsigned char> gather(const TensorView& v, Arena& a) {
+inline std::vector<unsigned char> gather(const TensorView& v) {
   const int64_t es = static_cast<int64_t>(dtype_size(v.dtype)), n = v.numel();
   std::vector<unsigned char> out(static_cast<size_t>(n * es));
   for (int64_t i = 0; i < n; ++i) {
@@ -124,8 +124,15 @@ inline std::vector<unsigned char> gather(const TensorView& v, Arena& a) {
     for (int d = v.rank - 1; d >= 0; --d) off += (r % v.shape[d]) * v.strides[d], r /= v.shape[d];
     std::memcpy(out.data() + i * es, static_cast<const unsigned char*>(v.data) + off * es, static_cast<size_t>(es));
   }
-  (void)a;
   return out;
+}
+
+// What a weight of x's last dim looks like (drawn views take it as their `like`).
+inline TensorView row_vector_like(const TensorView& x) {
+  TensorView w = x;
+  w.rank = 1;
+  w.shape[0] = x.rank >= 1 && x.rank <= kMaxRank ? x.last_dim() : 1;
+  return w;
 }
 
 // A contiguous view over `buf` with v's shape and dtype.

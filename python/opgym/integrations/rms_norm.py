@@ -147,12 +147,12 @@ def _make_forward(module: nn.Module, original, eps: float, counters, devices):
     return types.MethodType(forward, module)
 
 
-def norm_verdict(module: nn.Module, cache: dict) -> str | None:
+def norm_verdict(module: nn.Module, cache: dict, forward=None) -> str | None:
     """None when opgym's RMSNorm computes this module's forward (checked once per class, by its
-    source and a probe against the class's own forward), else the reason."""
+    source and a probe against `forward`, the class's own by default), else the reason."""
     cls = type(module)
     if cls not in cache:
-        original = cls.forward.__get__(module)
+        original = forward if forward is not None else cls.forward.__get__(module)
         cache[cls] = "scales by (1 + weight) (Gemma-style)" if _offset_style(cls) else _probe(module, original)
     return cache[cls]
 
@@ -169,14 +169,10 @@ def apply(model: nn.Module, handle, devices) -> None:
         if handle.owned_elsewhere(module, "rms_norm"):
             handle.skipped[name] = "already patched by another handle"
             continue
-        cls = type(module)
-        had_own = "forward" in module.__dict__
-        original = module.__dict__["forward"] if had_own else module.forward
-        if cls not in verdict:
-            verdict[cls] = ("scales by (1 + weight) (Gemma-style)" if _offset_style(cls)
-                            else _probe(module, original))
-        if verdict[cls] is not None:
-            handle.skipped[name] = f"{cls.__name__}: {verdict[cls]}"
+        original = module.__dict__.get("forward", module.forward)
+        why = norm_verdict(module, verdict, original)
+        if why is not None:
+            handle.skipped[name] = f"{type(module).__name__}: {why}"
             continue
         handle.replace_forward(module, "rms_norm", name,
                                _make_forward(module, original, _eps_of(module), handle.counters("rms_norm"), devices))

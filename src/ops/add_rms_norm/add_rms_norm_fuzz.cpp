@@ -15,9 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Arena a;
   const TensorView x = fuzz::draw_view(f, a, nullptr, fuzz::draw_dtype(f));
   const TensorView r = f.ConsumeIntegralInRange(0, 9) == 9 ? x : fuzz::draw_view(f, a, &x, f.ConsumeIntegralInRange(0, 7) == 7 ? fuzz::draw_dtype(f) : x.dtype);
-  TensorView w_like = x;
-  w_like.rank = 1;
-  w_like.shape[0] = x.rank >= 1 && x.rank <= kMaxRank ? x.last_dim() : 1;
+  const TensorView w_like = fuzz::row_vector_like(x);
   const TensorView w = fuzz::draw_view(f, a, &w_like, fuzz::draw_dtype(f));
   const DType od = rms_norm_out_dtype(x.dtype, w.dtype);
   const bool in_place = f.ConsumeBool();
@@ -34,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<unsigned char> xc, rc, wc, gc, gs;
   bool golden_ok = false;
   if (fuzz::readable(x) && fuzz::readable(r) && fuzz::readable(w) && r.rank == x.rank) {
-    xc = fuzz::gather(x, a), rc = fuzz::gather(r, a), wc = fuzz::gather(w, a);
+    xc = fuzz::gather(x), rc = fuzz::gather(r), wc = fuzz::gather(w);
     gc.resize(xc.size() / dtype_size(x.dtype) * dtype_size(out.dtype)), gs.resize(xc.size());
     try {
       TensorView go = fuzz::contiguous_like(x, gc);
@@ -52,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::count(threw ? why.c_str() : nullptr, !threw && golden_ok && fuzz::readable(out));
   fuzz::check_writes(a, before, {out, sum}, threw);
   if (!threw && golden_ok && fuzz::readable(out) &&
-      (!fuzz::same_elements(out.dtype, fuzz::gather(out, a), gc) || !fuzz::same_elements(x.dtype, fuzz::gather(sum, a), gs)))
+      (!fuzz::same_elements(out.dtype, fuzz::gather(out), gc) || !fuzz::same_elements(x.dtype, fuzz::gather(sum), gs)))
     __builtin_trap();
   return 0;
 }

@@ -17,9 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider f(data, size);
   fuzz::Arena a;
   const TensorView x = fuzz::draw_view(f, a, nullptr, fuzz::draw_dtype(f));
-  TensorView w_like = x;
-  w_like.rank = 1;
-  w_like.shape[0] = x.rank >= 1 && x.rank <= kMaxRank ? x.last_dim() : 1;
+  const TensorView w_like = fuzz::row_vector_like(x);
   const TensorView w = fuzz::draw_view(f, a, &w_like, fuzz::draw_dtype(f));
   const DType od = f.ConsumeIntegralInRange(0, 9) == 9 ? fuzz::draw_dtype(f) : rms_norm_out_dtype(x.dtype, w.dtype);
   const TensorView out_drawn = fuzz::draw_view(f, a, &x, od);
@@ -38,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<unsigned char> xc, wc, gc;
   bool golden_ok = false;
   if (fuzz::readable(x) && fuzz::readable(w) && out.rank == x.rank) {
-    xc = fuzz::gather(x, a), wc = fuzz::gather(w, a), gc.resize(xc.size() / dtype_size(x.dtype) * dtype_size(out.dtype));
+    xc = fuzz::gather(x), wc = fuzz::gather(w), gc.resize(xc.size() / dtype_size(x.dtype) * dtype_size(out.dtype));
     try {
       TensorView g = fuzz::contiguous_like(x, gc);
       g.dtype = out.dtype;  // the op computes into out's dtype when it accepts it
@@ -52,12 +50,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool threw = !why.empty();
   fuzz::count(threw ? why.c_str() : nullptr, !threw && golden_ok && fuzz::readable(out));
   fuzz::check_writes(a, before, {out}, threw);
-  if (!threw && golden_ok && fuzz::readable(out) && !fuzz::same_elements(out.dtype, fuzz::gather(out, a), gc)) {
+  if (!threw && golden_ok && fuzz::readable(out) && !fuzz::same_elements(out.dtype, fuzz::gather(out), gc)) {
     std::fprintf(stderr, "opgym fuzz: rms_norm's result differs from the golden's (mode %d, order %d, isa %d, eps %g)\n",
                  static_cast<int>(o.mode), static_cast<int>(o.sum_order), static_cast<int>(active_cpu_isa()), o.eps);
     fuzz::describe("x", x, a), fuzz::describe("weight", w, a), fuzz::describe("out", out, a);
     if (std::getenv("OPGYM_FUZZ_DEBUG")) {
-      const auto got = fuzz::gather(out, a);
+      const auto got = fuzz::gather(out);
       const size_t es = dtype_size(out.dtype), xs = dtype_size(x.dtype), ws = dtype_size(w.dtype);
       for (size_t i = 0; i * es < got.size(); ++i) {
         uint32_t g = 0, e = 0, xv = 0, wv = 0;

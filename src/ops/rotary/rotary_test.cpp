@@ -95,7 +95,6 @@ INSTANTIATE_TEST_SUITE_P(AllPaths, RotaryMatrix,
 // 1 + 2^-6, plus 2^-8 is the midpoint 1 + 10 * 2^-9, which rounds to even, 1 + 2^-6; fp32: the 2^-14
 // puts the sum above the midpoint, 1 + 3 * 2^-7.
 TEST(Rotary, HfModeRoundsEveryStepFp32ModeOnce) {
-  const int64_t D = 2;
   const uint16_t q[2] = {f32_to_bf16(1.0f + 0x1p-7f), f32_to_bf16(-1.0f)};
   const uint16_t c[2] = {f32_to_bf16(1.0f + 0x1p-7f), f32_to_bf16(1.0f)}, s[2] = {f32_to_bf16(0x1p-8f), 0};
   float got[2];
@@ -113,7 +112,6 @@ TEST(Rotary, HfModeRoundsEveryStepFp32ModeOnce) {
   }
   EXPECT_EQ(got[0], 1.0f + 0x1p-6f);
   EXPECT_EQ(got[1], 1.0f + 3 * 0x1p-7f);
-  (void)D;
 }
 
 struct RotaryErrors : ::testing::Test {
