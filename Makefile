@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := cmake ninja-build g++ make libgtest-dev libgmock-dev nlohmann-json3-dev libbenchmark-dev libcli11-dev \
-                clang libclang-rt-14-dev
+                clang libclang-rt-14-dev libsleef-dev libdnnl-dev
 FUZZ_SECONDS ?= 10
 CMAKE_ARGS ?=
 

@@ -7,5 +7,6 @@
 #include "opgym/parallel.hpp"
 #include "opgym/rms_norm.hpp"
 #include "opgym/rotary.hpp"
+#include "opgym/swiglu.hpp"
 #include "opgym/tensor.hpp"
 #include "opgym/version.hpp"

@@ -13,6 +13,8 @@ namespace opgym {
 cases::CaseResult run_rms_norm_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
 cases::CaseResult run_add_rms_norm_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
 cases::CaseResult run_rotary_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
+cases::CaseResult run_swiglu_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
+cases::CaseResult run_swiglu_mlp_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
 }  // namespace opgym
 
 namespace opgym::cases {
@@ -28,6 +30,8 @@ constexpr Entry kRunners[] = {
     {"add_rms_norm", run_add_rms_norm_case},
     {"rotary", run_rotary_case},
     {"mrope", run_rotary_case},  // PyPTO-Gym's name for its MRoPE case files
+    {"swiglu_mlp", run_swiglu_mlp_case},  // before "swiglu": resolve_op takes the first prefix that matches
+    {"swiglu", run_swiglu_case},
 };
 
 std::string fmt(const char* f, double v) {

@@ -19,6 +19,7 @@ struct Simd {
   static G splat(float s) { G g; for (auto& r : g.v) r = _mm256_set1_ps(s); return g; }
   static G mul(const G& a, const G& b) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm256_mul_ps(a.v[k], b.v[k]); return g; }
   static G add(const G& a, const G& b) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm256_add_ps(a.v[k], b.v[k]); return g; }
+  static G div(const G& a, const G& b) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm256_div_ps(a.v[k], b.v[k]); return g; }
   static void store_raw(float* p, const G& g) { for (int k = 0; k < kRegs; ++k) _mm256_storeu_ps(p + 8 * k, g.v[k]); }
   static G load_raw(const float* p) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm256_loadu_ps(p + 8 * k); return g; }
   // Fold by halves, exactly as the scalar path: p[j] += p[j+32], += p[j+16], += p[j+8], ...

@@ -54,6 +54,7 @@ struct Simd {
   static G splat(float s) { G g; for (auto& r : g.v) r = _mm512_set1_ps(s); return g; }
   static G mul(const G& a, const G& b) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm512_mul_ps(a.v[k], b.v[k]); return g; }
   static G add(const G& a, const G& b) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm512_add_ps(a.v[k], b.v[k]); return g; }
+  static G div(const G& a, const G& b) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm512_div_ps(a.v[k], b.v[k]); return g; }
   static void store_raw(float* p, const G& g) { for (int k = 0; k < kRegs; ++k) _mm512_storeu_ps(p + 16 * k, g.v[k]); }
   static G load_raw(const float* p) { G g; for (int k = 0; k < kRegs; ++k) g.v[k] = _mm512_loadu_ps(p + 16 * k); return g; }
   // Fold by halves: +32 (v0+v2, v1+v3), +16 (the two sums), then within the vector.

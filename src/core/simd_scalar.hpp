@@ -18,6 +18,7 @@ struct Simd {
   static G splat(float s) { G g; for (float& f : g.v) f = s; return g; }
   static G mul(const G& a, const G& b) { G g; for (int i = 0; i < kGroup; ++i) g.v[i] = a.v[i] * b.v[i]; return g; }
   static G add(const G& a, const G& b) { G g; for (int i = 0; i < kGroup; ++i) g.v[i] = a.v[i] + b.v[i]; return g; }
+  static G div(const G& a, const G& b) { G g; for (int i = 0; i < kGroup; ++i) g.v[i] = a.v[i] / b.v[i]; return g; }
   static void store_raw(float* p, const G& g) { for (int i = 0; i < kGroup; ++i) p[i] = g.v[i]; }
   static G load_raw(const float* p) { G g; for (int i = 0; i < kGroup; ++i) g.v[i] = p[i]; return g; }
   static float fold(G g) {

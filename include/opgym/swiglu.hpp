@@ -1,0 +1,68 @@
+// SwiGLU: out = silu(gate) * up, and the MLP around it (Qwen2 / Llama / Qwen2.5-VL's
+// down_proj(act_fn(gate_proj(x)) * up_proj(x))).
+//
+// Numeric contract (src/ops/swiglu/README.md): HF eager's roundings on torch's CPU.
+//   silu:  s = g / (1 + exp(-g)) in fp32 on g = float(gate), rounded to gate's dtype (torch's silu);
+//   mul:   out = round_to(dtype, s * float(up))                                 (torch's mul).
+// exp is the one torch's CPU silu uses at that element: Sleef's u10 expf on its vector body (the AVX2
+// and AVX-512 paths), glibc's expf on the scalar tail of each of its parallel chunks and everywhere on
+// a CPU without AVX2 (opgym's scalar path). After rounding to bf16 or fp16 the two exps agree on every
+// input (checked exhaustively by the tests), so only fp32 depends on where the tails fall:
+// `torch_threads` says over how many chunks torch split the call (torch.get_num_threads() at the call).
+// CUDA (opgym/cuda.hpp): expf and an IEEE divide, as torch's CUDA silu.
+#pragma once
+#include <cstdint>
+
+#include "opgym/parallel.hpp"
+#include "opgym/tensor.hpp"
+
+namespace opgym {
+
+struct SwigluOptions {
+  int torch_threads = 1;  // torch's intra-op threads for the silu this reproduces (fp32 tails only)
+};
+
+// out = silu(gate) * up. gate, up, out: one dtype, one shape, any leading strides (the last dim
+// contiguous). out may be gate or up itself (in place); any other overlap is refused. Throws
+// opgym::Error naming the argument; nothing is written on error.
+void swiglu(const TensorView& gate, const TensorView& up, const TensorView& out, const SwigluOptions& options = {},
+            Executor* executor = nullptr);
+
+// The merged form (vLLM's silu_and_mul): gate_up [..., 2 * I] holds gate in its first half and up
+// in its second; out is [..., I].
+void swiglu_merged(const TensorView& gate_up, const TensorView& out, const SwigluOptions& options = {},
+                   Executor* executor = nullptr);
+
+// The whole MLP: out = down(silu(x W_gate^T + b_gate) * (x W_up^T + b_up)) W_down^T + b_down, each
+// Linear as torch's (an fp32-accumulated GEMM, the bias added in fp32, one rounding to the dtype).
+// x [..., H] (leading dims collapsing to one row stride), w_gate and w_up [I, H], w_down [H_out, I]
+// (torch's Linear layout, rows with any stride), out [..., H_out]; biases 1-D or null. One dtype
+// throughout. When w_up is the second half of the buffer w_gate starts (w_up.data == the row after
+// w_gate's last, same row stride: the merged gate|up weight), gate and up come from one GEMM.
+// The GEMMs are oneDNN's matmul (bf16 and fp32 as they are, fp16 widened to fp32), in the library
+// opgym::mlp (target opgym_mlp); their summation order is oneDNN's, so the MLP matches HF within
+// tolerance, not bit for bit. Throws opgym::Error if built without oneDNN (blas_available()).
+struct SwigluMlpBiases {
+  const TensorView* gate = nullptr;
+  const TensorView* up = nullptr;
+  const TensorView* down = nullptr;
+};
+void swiglu_mlp(const TensorView& x, const TensorView& w_gate, const TensorView& w_up, const TensorView& w_down,
+                const TensorView& out, const SwigluMlpBiases& biases = {}, const SwigluOptions& options = {},
+                Executor* executor = nullptr);
+bool blas_available();
+
+namespace reference {
+// Golden: torch's ops one by one on materialized fp32 intermediates (float(gate), -g, exp, 1 + e,
+// g / (1 + e), the rounding, the product), single-threaded, with the exp chosen per element by the
+// rule above for the active CPU path. Same argument checks as the front.
+void swiglu_basic_ops(const TensorView& gate, const TensorView& up, const TensorView& out,
+                      const SwigluOptions& options = {});
+// Golden MLP: separate fp32 GEMMs (oneDNN on inputs widened to fp32), biases, roundings, the
+// golden activation, the down GEMM.
+void swiglu_mlp_basic_ops(const TensorView& x, const TensorView& w_gate, const TensorView& w_up,
+                          const TensorView& w_down, const TensorView& out, const SwigluMlpBiases& biases = {},
+                          const SwigluOptions& options = {});
+}  // namespace reference
+
+}  // namespace opgym

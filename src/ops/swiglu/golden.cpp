@@ -1,0 +1,85 @@
+// Golden reference for swiglu, meant to be read against HF (transformers 5.23) and torch's CPU kernels:
+//
+//   Qwen2MLP.forward:  down_proj(act_fn(gate_proj(x)) * up_proj(x)),  act_fn = nn.SiLU()
+//   torch silu (aten/src/ATen/native/cpu/Activation.cpp), per element, in fp32 for bf16/fp16:
+//       x / (1 + exp(-x))   -- Vectorized<float>::exp (Sleef u10) on the vector body,
+//                              std::exp (glibc) on each chunk's scalar tail
+//   then the result rounded to the dtype, and torch's mul: round(float(a) * float(b)).
+//
+// Op by op on materialized fp32 arrays: g = float(gate), n = -g, e = exp(n), d = 1 + e, s = g / d,
+// s rounded to the dtype, p = s * float(up), p rounded. The exp per element follows the header's rule
+// for the active CPU path, from its own copy of torch's chunk arithmetic (not the kernel's).
+#include <sleef.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/storage.hpp"
+#include "opgym/cpu.hpp"
+#include "opgym/swiglu.hpp"
+#include "ops/swiglu/kernel.hpp"
+
+// Sleef's scalar u10 expf built for FMA hardware: the same algorithm and bits as its AVX2/AVX-512
+// vector variants (the tests compare them on every path). sleef.h declares it only under
+// FP_FAST_FMA (-mfma), which this file is not compiled with: it runs only where AVX2 (with FMA) is.
+extern "C" float Sleef_expf1_u10purecfma(float);
+
+namespace opgym::reference {
+
+namespace {
+float load(DType t, const void* base, int64_t off) {
+  return with_storage(t, [&](auto tag) {
+    using T = decltype(tag);
+    return T::to_f32(static_cast<const typename T::storage*>(base)[off]);
+  });
+}
+void store(DType t, void* base, int64_t off, float v) {
+  with_storage(t, [&](auto tag) {
+    using T = decltype(tag);
+    static_cast<typename T::storage*>(base)[off] = T::from_f32(v);
+  });
+}
+float round_to(DType t, float v) {
+  return with_storage(t, [&](auto tag) { using T = decltype(tag); return T::to_f32(T::from_f32(v)); });
+}
+
+// Whether torch computes flat element e of n with glibc's expf: at::parallel_for's chunks (grain
+// 32768, divup of n over min(threads, divup(n, grain)) chunks), each vectorized in whole steps.
+bool torch_libm_at(int64_t e, int64_t n, int threads, int64_t step) {
+  if (step == 0) return true;
+  int64_t chunks = 1;
+  if (n >= 32768 && threads > 1) chunks = std::min<int64_t>(threads, (n + 32767) / 32768);
+  const int64_t size = (n + chunks - 1) / chunks;
+  const int64_t begin = e / size * size, len = std::min(n, begin + size) - begin;
+  return e - begin >= len / step * step;
+}
+}  // namespace
+
+void swiglu_basic_ops(const TensorView& gate, const TensorView& up, const TensorView& out,
+                      const SwigluOptions& opt) {
+  detail::SwigluJob job;
+  if (!detail::make_swiglu_job(gate, up, out, job)) return;
+  const CpuIsa isa = active_cpu_isa();
+  const int64_t step = isa == CpuIsa::avx512 ? 32 : isa == CpuIsa::avx2 ? 16 : 0;
+  const int64_t D = job.dim, n = job.rows * D;
+  const DType t = job.dtype;
+  std::vector<float> g(D), neg(D), e(D), d(D), s(D), u(D), p(D);
+  for (int64_t r = 0; r < job.rows; ++r) {
+    int64_t go, uo, oo;
+    job.row_offsets(r, go, uo, oo);
+    for (int64_t j = 0; j < D; ++j) g[j] = load(t, job.gate, go + j), u[j] = load(t, job.up, uo + j);
+    for (int64_t j = 0; j < D; ++j) neg[j] = -g[j];
+    for (int64_t j = 0; j < D; ++j) {
+      // 16-bit dtypes: the two exps round to the same silu (tested exhaustively), Sleef's is used.
+      const bool libm = step == 0 || (t == DType::float32 && torch_libm_at(r * D + j, n, opt.torch_threads, step));
+      e[j] = libm ? std::exp(neg[j]) : Sleef_expf1_u10purecfma(neg[j]);
+    }
+    for (int64_t j = 0; j < D; ++j) d[j] = 1.0f + e[j];
+    for (int64_t j = 0; j < D; ++j) s[j] = round_to(t, g[j] / d[j]);
+    for (int64_t j = 0; j < D; ++j) p[j] = s[j] * u[j];
+    for (int64_t j = 0; j < D; ++j) store(t, job.out, oo + j, p[j]);
+  }
+}
+
+}  // namespace opgym::reference

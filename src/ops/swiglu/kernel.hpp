@@ -1,0 +1,50 @@
+// What the swiglu front hands the per-ISA CPU kernels (and the CUDA launcher): one validated call as
+// rows of gate, up and out (leading dims unravelled per run of rows), and, for fp32, the flat element
+// ranges torch's silu computes with glibc's expf (the scalar tail of each of its chunks).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "opgym/swiglu.hpp"
+
+namespace opgym::detail {
+
+struct SwigluJob {
+  const char* gate = nullptr;
+  const char* up = nullptr;
+  char* out = nullptr;
+  DType dtype = DType::float32;
+  int64_t rows = 0, dim = 0;
+  int lead_rank = 0;
+  int64_t lead_shape[kMaxRank] = {}, gate_lead[kMaxRank] = {}, up_lead[kMaxRank] = {}, out_lead[kMaxRank] = {};
+  // Flat [begin, end) ranges over rows * dim (row-major, as torch's contiguous [.., I] gate), sorted.
+  const int64_t* libm_ranges = nullptr;
+  int libm_count = 0;
+  void row_offsets(int64_t r, int64_t& go, int64_t& uo, int64_t& oo) const {
+    go = uo = oo = 0;
+    for (int d = lead_rank - 1; d >= 0; --d) {
+      const int64_t i = r % lead_shape[d];
+      r /= lead_shape[d];
+      go += i * gate_lead[d], uo += i * up_lead[d], oo += i * out_lead[d];
+    }
+  }
+};
+
+// torch's chunks of a silu over n elements on `threads` threads (at::parallel_for, grain 32768) and the
+// scalar tail of each when its vectorized loop steps `step` elements: the libm ranges, as pairs.
+std::vector<int64_t> torch_silu_libm_ranges(int64_t n, int threads, int64_t step);
+// torch's vector step for fp32 (two Vectorized<float>) on a CPU path: avx512 32, avx2 16, scalar 0
+// (no vector body: every element is libm's).
+int64_t torch_silu_fp32_step(int isa);
+
+void swiglu_rows_scalar(const SwigluJob& job, int64_t begin, int64_t end);
+void swiglu_rows_avx2(const SwigluJob& job, int64_t begin, int64_t end);
+void swiglu_rows_avx512(const SwigluJob& job, int64_t begin, int64_t end);
+
+// The front's checks and job (without the libm ranges), shared by the CPU and CUDA fronts. Returns
+// false when there is nothing to compute.
+bool make_swiglu_job(const TensorView& gate, const TensorView& up, const TensorView& out, SwigluJob& job);
+// gate and up as views of gate_up's halves (checks gate_up and that out has its leading shape).
+void split_gate_up(const TensorView& gate_up, const TensorView& out, TensorView& gate, TensorView& up);
+
+}  // namespace opgym::detail

@@ -1,0 +1,95 @@
+// The swiglu CPU kernel, written once over a "group of 64 floats" (S) and an exp (E: Sleef's u10 on
+// the vector paths, glibc's expf on the scalar path), compiled per instruction set. Per group: gate
+// and up are loaded before out is stored, so out may be either of them (in place).
+// Each step is its own rounding, as torch's: -g (exact), exp, 1 + e, g / (1 + e) (IEEE divide, no
+// reciprocal), the silu rounded to the dtype (S::round_trip), the product rounded at the store.
+// fp32 groups that hold elements of torch's scalar tails recompute those lanes with glibc's expf.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "core/storage.hpp"
+#include "ops/swiglu/kernel.hpp"
+
+namespace opgym {
+namespace {  // NOLINT: internal linkage per instruction set, see core/convert.hpp
+
+template <class S, class T>
+typename S::G load_some(const typename T::storage* p, int64_t n) {
+  return n == S::kGroup ? S::template load<T>(p) : S::template load_n<T>(p, n);
+}
+template <class S, class T>
+void store_some(typename T::storage* p, const typename S::G& g, int64_t n) {
+  if (n == S::kGroup) S::template store<T>(p, g);
+  else S::template store_n<T>(p, g, n);
+}
+
+inline float silu_libm(float g) { return g / (1.0f + std::exp(-g)); }
+
+// The first libm range that ends after flat element `e` (ranges are few: one per torch chunk).
+inline int first_range(const detail::SwigluJob& job, int64_t e) {
+  int r = 0;
+  while (r < job.libm_count && job.libm_ranges[2 * r + 1] <= e) ++r;
+  return r;
+}
+
+template <class S, class E, class T>
+void swiglu_row(const detail::SwigluJob& job, const typename T::storage* gate, const typename T::storage* up,
+                typename T::storage* out, int64_t flat) {
+  using G = typename S::G;
+  const int64_t dim = job.dim;
+  const G one = S::splat(1.0f), minus = S::splat(-1.0f);
+  int range = first_range(job, flat);  // the first libm range ending after this row's start (fp32 only)
+  for (int64_t j = 0; j < dim; j += S::kGroup) {
+    const int64_t n = dim - j < S::kGroup ? dim - j : S::kGroup;
+    const G g = load_some<S, T>(gate + j, n);
+    G s = S::div(g, S::add(one, E::exp(S::mul(g, minus))));
+    if constexpr (T::dtype == DType::float32) {
+      // lanes [lo, hi) of this group that torch computes with glibc's expf
+      while (range < job.libm_count && job.libm_ranges[2 * range + 1] <= flat + j) ++range;
+      if (range < job.libm_count && job.libm_ranges[2 * range] < flat + j + n) {
+        alignas(64) float gs[S::kGroup], ss[S::kGroup];
+        S::store_raw(gs, g);
+        S::store_raw(ss, s);
+        for (int r = range; r < job.libm_count && job.libm_ranges[2 * r] < flat + j + n; ++r) {
+          const int64_t lo = std::max<int64_t>(job.libm_ranges[2 * r] - flat - j, 0);
+          const int64_t hi = std::min<int64_t>(job.libm_ranges[2 * r + 1] - flat - j, n);
+          for (int64_t k = lo; k < hi; ++k) ss[k] = silu_libm(gs[k]);
+        }
+        s = S::load_raw(ss);
+      }
+    } else {
+      s = S::template round_trip<T>(s);
+    }
+    store_some<S, T>(out + j, S::mul(s, load_some<S, T>(up + j, n)), n);
+  }
+}
+
+template <class S, class E, class T>
+void rows_typed(const detail::SwigluJob& job, int64_t begin, int64_t end) {
+  using P = typename T::storage;
+  const int in = job.lead_rank - 1;  // the innermost leading dim (none for a single row)
+  for (int64_t r = begin; r < end;) {
+    int64_t go, uo, oo;
+    job.row_offsets(r, go, uo, oo);
+    const int64_t inner = in >= 0 ? job.lead_shape[in] : 1;
+    const int64_t run = std::min<int64_t>(end - r, inner - (in >= 0 ? r % inner : 0));
+    const int64_t dg = in >= 0 ? job.gate_lead[in] : 0, du = in >= 0 ? job.up_lead[in] : 0,
+                  dout = in >= 0 ? job.out_lead[in] : 0;
+    const P* g = reinterpret_cast<const P*>(job.gate) + go;
+    const P* u = reinterpret_cast<const P*>(job.up) + uo;
+    P* o = reinterpret_cast<P*>(job.out) + oo;
+    for (int64_t n = 0; n < run; ++n)
+      swiglu_row<S, E, T>(job, g + n * dg, u + n * du, o + n * dout, (r + n) * job.dim);
+    r += run;
+  }
+}
+
+template <class S, class E>
+void swiglu_rows_any(const detail::SwigluJob& job, int64_t begin, int64_t end) {
+  with_storage(job.dtype, [&](auto t) { rows_typed<S, E, decltype(t)>(job, begin, end); });
+}
+
+}  // namespace
+}  // namespace opgym

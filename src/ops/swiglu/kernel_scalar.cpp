@@ -1,0 +1,19 @@
+// swiglu rows on the scalar path: kernel_impl.hpp with this path's Simd group and glibc's expf, as
+// torch computes silu on a CPU without AVX2 (its DEFAULT build maps std::exp over the lanes).
+#include <cmath>
+
+#include "core/simd_scalar.hpp"
+#include "ops/swiglu/kernel_impl.hpp"
+
+namespace opgym::detail {
+namespace {
+struct Exp {
+  static Simd::G exp(const Simd::G& x) {
+    Simd::G r;
+    for (int i = 0; i < Simd::kGroup; ++i) r.v[i] = std::exp(x.v[i]);
+    return r;
+  }
+};
+}  // namespace
+void swiglu_rows_scalar(const SwigluJob& job, int64_t begin, int64_t end) { swiglu_rows_any<Simd, Exp>(job, begin, end); }
+}  // namespace opgym::detail

@@ -1,0 +1,243 @@
+// swiglu against its golden on every dtype x ISA x layout (separate, merged gate|up, strided rows, in
+// place) and torch's chunk layouts, bit for bit; the claim that lets 16-bit dtypes ignore which exp
+// torch used (checked on every input); the MLP against its golden; every error path (nothing written).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cases/compare.hpp"
+#include "cases/inputs.hpp"
+#include "core/convert.hpp"
+#include "opgym/opgym.hpp"
+#include "ops/swiglu/kernel.hpp"
+
+namespace opgym {
+namespace {
+
+using cases::Buffer;
+using cases::TensorSpec;
+
+const DType kDtypes[] = {DType::float32, DType::float16, DType::bfloat16};
+
+TEST(Swiglu, TorchChunkTailsAreWhereTorchPutsThem) {
+  using detail::torch_silu_libm_ranges;
+  EXPECT_EQ(torch_silu_libm_ranges(100, 1, 32), (std::vector<int64_t>{96, 100}));
+  EXPECT_EQ(torch_silu_libm_ranges(96, 4, 32), (std::vector<int64_t>{}));
+  EXPECT_EQ(torch_silu_libm_ranges(32767, 8, 16), (std::vector<int64_t>{32752, 32767}));  // under the grain: one chunk
+  // 70000 on 2 threads: two chunks of 35000 = 1093 * 32 + 24
+  EXPECT_EQ(torch_silu_libm_ranges(70000, 2, 32), (std::vector<int64_t>{34976, 35000, 69976, 70000}));
+  // 3 threads: divup(70000, 32768) = 3 chunks of 23334 (the last 23332), each 729 steps of 32 and a tail
+  EXPECT_EQ(torch_silu_libm_ranges(70000, 3, 32), (std::vector<int64_t>{23328, 23334, 46662, 46668, 69996, 70000}));
+  EXPECT_TRUE(torch_silu_libm_ranges(100, 1, 0).empty());
+}
+
+// Every finite bf16 and fp16 gate: silu with Sleef's exp (vector paths) and with glibc's (scalar path)
+// rounds to the same value, so torch's choice per element never shows in 16-bit outputs.
+TEST(Swiglu, SixteenBitSiluIsTheSameWithEitherExp) {
+  for (DType t : {DType::bfloat16, DType::float16}) {
+    std::vector<uint16_t> g, one;
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const float v = t == DType::bfloat16 ? bf16_to_f32(static_cast<uint16_t>(b)) : f16_to_f32(static_cast<uint16_t>(b));
+      if (std::isfinite(v)) g.push_back(static_cast<uint16_t>(b));
+    }
+    one.assign(g.size(), t == DType::bfloat16 ? f32_to_bf16(1.0f) : f32_to_f16(1.0f));
+    std::vector<std::vector<uint16_t>> out;
+    for (CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512}) {
+      if (!cpu_supports(isa)) continue;
+      set_cpu_isa(isa);
+      std::vector<uint16_t> o(g.size());
+      const int64_t n = static_cast<int64_t>(g.size());
+      swiglu(TensorView::contiguous(g.data(), t, {n}), TensorView::contiguous(one.data(), t, {n}),
+             TensorView::contiguous(o.data(), t, {n}));
+      out.push_back(o);
+    }
+    set_cpu_isa(best_cpu_isa());
+    ASSERT_GE(out.size(), 2u) << "needs AVX2 to compare the two exps";
+    for (size_t i = 1; i < out.size(); ++i) EXPECT_EQ(out[i], out[0]) << dtype_name(t);
+  }
+}
+
+class SwigluMatrix : public ::testing::TestWithParam<std::tuple<DType, CpuIsa>> {};
+
+TEST_P(SwigluMatrix, BitExactWithTheGolden) {
+  const auto [t, isa] = GetParam();
+  if (!cpu_supports(isa)) GTEST_SKIP() << "this CPU lacks " << isa_name(isa);
+  set_cpu_isa(isa);
+  uint64_t seed = 11;
+  for (int64_t I : {1, 7, 63, 64, 65, 200, 3420, 11008}) {
+    for (int64_t T : {1, 3, 13}) {
+      for (int layout = 0; layout < 4; ++layout) {  // 0 separate, 1 merged, 2 strided rows, 3 in place
+        ++seed;
+        const int threads = 1 + static_cast<int>(seed % 3);
+        Buffer gu = cases::make_normal(TensorSpec{"gu", {T, 2 * I}, t}, seed, 0, 0.0, 4.0);
+        Buffer g = cases::make_normal(TensorSpec{"g", {T, I}, t}, seed, 1, 0.0, 4.0);
+        Buffer u = cases::make_normal(TensorSpec{"u", {T, I}, t}, seed, 2);
+        Buffer got = cases::make_buffer({T, I}, t), want = cases::make_buffer({T, I}, t);
+        std::memset(got.bytes.data(), 0x5a, got.bytes.size());
+        SwigluOptions o;
+        o.torch_threads = threads;
+        TensorView gv = g.view(), uv = u.view();
+        if (layout == 1 || layout == 2) detail::split_gate_up(gu.view(), got.view(), gv, uv);
+        if (layout == 1) {
+          swiglu_merged(gu.view(), got.view(), o);
+        } else if (layout == 3) {
+          got = g;
+          swiglu(got.view(), uv, got.view(), o);
+        } else {
+          swiglu(gv, uv, got.view(), o);
+        }
+        reference::swiglu_basic_ops(gv, uv, want.view(), o);
+        ASSERT_EQ(got.bytes, want.bytes) << "I=" << I << " T=" << T << " layout " << layout << " threads " << threads;
+      }
+    }
+  }
+  // fp32 over torch's multi-chunk layouts: [40, 3420] = 136800 elements, 2 to 5 chunks.
+  for (int threads : {2, 3, 5}) {
+    Buffer g = cases::make_normal(TensorSpec{"g", {40, 3420}, t}, threads, 0, 0.0, 4.0);
+    Buffer u = cases::make_normal(TensorSpec{"u", {40, 3420}, t}, threads, 1);
+    Buffer got = cases::make_buffer({40, 3420}, t), want = got;
+    SwigluOptions o;
+    o.torch_threads = threads;
+    swiglu(g.view(), u.view(), got.view(), o);
+    reference::swiglu_basic_ops(g.view(), u.view(), want.view(), o);
+    ASSERT_EQ(got.bytes, want.bytes) << "threads " << threads;
+  }
+  set_cpu_isa(best_cpu_isa());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPaths, SwigluMatrix,
+                         ::testing::Combine(::testing::ValuesIn(kDtypes),
+                                            ::testing::Values(CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512)));
+
+// The fp32 tails matter: with torch's layout the output is the golden's; computed with Sleef's exp
+// everywhere (a layout with no tail, torch_threads wrong) some tail element differs. Values chosen
+// where glibc's and Sleef's expf differ: found by scanning, not assumed.
+TEST(Swiglu, Fp32TailsUseGlibcExp) {
+  if (!cpu_supports(CpuIsa::avx512) && !cpu_supports(CpuIsa::avx2)) GTEST_SKIP() << "no vector path";
+  set_cpu_isa(best_cpu_isa());
+  // 1 row of 100: elements 96..99 are torch's scalar tail on one thread (AVX-512 step 32, AVX2 16).
+  std::vector<float> g(100), u(100, 1.0f), o1(100), o2(100);
+  std::vector<float> scalar_path(100);
+  int differing = 0;
+  for (uint32_t seed = 1; seed < 4000 && differing == 0; ++seed) {
+    for (int i = 0; i < 100; ++i) g[i] = static_cast<float>((seed * 2654435761u + i * 40503u) % 20000) / 1000.0f - 10.0f;
+    const auto v = [](std::vector<float>& b) { return TensorView::contiguous(b.data(), DType::float32, {100}); };
+    swiglu(v(g), v(u), v(o1));
+    set_cpu_isa(CpuIsa::scalar);
+    swiglu(v(g), v(u), v(scalar_path));
+    set_cpu_isa(best_cpu_isa());
+    for (int i = 0; i < 100; ++i) {
+      if (i >= 96) EXPECT_EQ(o1[i], scalar_path[i]) << "tail element " << i << " is not glibc's";
+      if (i < 96 && o1[i] != scalar_path[i]) ++differing;
+    }
+  }
+  EXPECT_GT(differing, 0) << "no input found where the vector body's exp differs from glibc's";
+}
+
+struct SwigluErrors : ::testing::Test {
+  Buffer g = cases::make_normal(TensorSpec{"g", {2, 8}, DType::bfloat16}, 1, 0);
+  Buffer u = cases::make_normal(TensorSpec{"u", {2, 8}, DType::bfloat16}, 1, 1);
+  Buffer o = cases::make_buffer({2, 8}, DType::bfloat16);
+  template <class F>
+  void expect_error(F&& call, const std::string& arg, const std::string& what) {
+    std::memset(o.bytes.data(), 0x5a, o.bytes.size());
+    const auto before = std::make_tuple(g.bytes, u.bytes, o.bytes);
+    try {
+      call();
+      ADD_FAILURE() << "no error for " << arg;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), arg) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(before == std::make_tuple(g.bytes, u.bytes, o.bytes)) << "written despite the error on " << arg;
+  }
+};
+
+TEST_F(SwigluErrors, ShapesDtypesOverlapAndOptions) {
+  Buffer u7 = cases::make_buffer({2, 7}, DType::bfloat16), uf = cases::make_buffer({2, 8}, DType::float32);
+  expect_error([&] { swiglu(g.view(), u7.view(), o.view()); }, "up", "gate's shape [2, 8]");
+  expect_error([&] { swiglu(g.view(), uf.view(), o.view()); }, "up", "gate's dtype bfloat16");
+  expect_error([&] { swiglu(g.view(), u.view(), uf.view()); }, "out", "gate's dtype bfloat16");
+  Buffer odd = cases::make_buffer({2, 7}, DType::bfloat16);
+  expect_error([&] { swiglu_merged(odd.view(), o.view()); }, "gate_up", "must be even");
+  expect_error([&] { swiglu_merged(g.view(), o.view()); }, "out", "[2, 4]");
+  // out overlapping up without being it
+  const TensorView shifted = TensorView::contiguous(u.bytes.data() + 2, DType::bfloat16, {1, 8});
+  const TensorView g1 = TensorView::contiguous(g.bytes.data(), DType::bfloat16, {1, 8});
+  const TensorView u1 = TensorView::contiguous(u.bytes.data(), DType::bfloat16, {1, 8});
+  expect_error([&] { swiglu(g1, u1, shifted); }, "out", "overlaps up");
+  SwigluOptions bad;
+  bad.torch_threads = 0;
+  expect_error([&] { swiglu(g.view(), u.view(), o.view(), bad); }, "torch_threads", ">= 1");
+}
+
+// The MLP: OpenBLAS GEMMs + the fused activation against separate fp32 GEMMs + the golden activation.
+TEST(SwigluMlp, MatchesTheGoldenAndMergedEqualsSeparate) {
+  if (!blas_available()) GTEST_SKIP() << "built without BLAS";
+  for (DType t : kDtypes) {
+    for (bool bias : {false, true}) {
+      const int64_t T = 5, H = 64, I = 96, Ho = 48;
+      Buffer x = cases::make_normal(TensorSpec{"x", {T, H}, t}, 3, 0);
+      Buffer wgu = cases::make_normal(TensorSpec{"w", {2 * I, H}, t}, 3, 1, 0.0, 0.125);
+      Buffer wd = cases::make_normal(TensorSpec{"wd", {Ho, I}, t}, 3, 2, 0.0, 0.1);
+      Buffer bgu = cases::make_normal(TensorSpec{"b", {2 * I}, t}, 3, 3, 0.0, 0.1);
+      Buffer bd = cases::make_normal(TensorSpec{"bd", {Ho}, t}, 3, 4, 0.0, 0.1);
+      const size_t es = dtype_size(t);
+      const TensorView wg = TensorView::contiguous(wgu.bytes.data(), t, {I, H});
+      const TensorView wu = TensorView::contiguous(wgu.bytes.data() + I * H * es, t, {I, H});
+      const TensorView bg = TensorView::contiguous(bgu.bytes.data(), t, {I});
+      const TensorView bu = TensorView::contiguous(bgu.bytes.data() + I * es, t, {I});
+      const TensorView bdv = bd.view();
+      SwigluMlpBiases b;
+      if (bias) b = {&bg, &bu, &bdv};
+      Buffer got = cases::make_buffer({T, Ho}, t), want = got, sep = got;
+      swiglu_mlp(x.view(), wg, wu, wd.view(), got.view(), b);  // merged: one GEMM
+      reference::swiglu_mlp_basic_ops(x.view(), wg, wu, wd.view(), want.view(), b);
+      // separate: the same weights copied apart
+      Buffer wg2 = cases::make_buffer({I, H}, t), wu2 = cases::make_buffer({I, H}, t);
+      std::memcpy(wg2.bytes.data(), wgu.bytes.data(), I * H * es);
+      std::memcpy(wu2.bytes.data(), wgu.bytes.data() + I * H * es, I * H * es);
+      swiglu_mlp(x.view(), wg2.view(), wu2.view(), wd.view(), sep.view(), b);
+      const cases::Metrics m = cases::compare(got, want, 1e-2, 1e-2);
+      EXPECT_TRUE(m.allclose()) << dtype_name(t) << " bias " << bias << " max_ulp " << m.max_ulp;
+      const cases::Metrics ms = cases::compare(got, sep, 0, 0);
+      EXPECT_TRUE(ms.allclose()) << dtype_name(t) << ": merged differs from separate, max_ulp " << ms.max_ulp;
+    }
+  }
+}
+
+TEST(SwigluMlp, ShapesThatDoNotChainAreNamed) {
+  const DType t = DType::bfloat16;
+  Buffer x = cases::make_buffer({2, 8}, t), wg = cases::make_buffer({6, 8}, t), wu = wg, wd = cases::make_buffer({8, 6}, t);
+  Buffer out = cases::make_buffer({2, 8}, t);
+  auto expect = [&](auto&& call, const std::string& arg, const std::string& what) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for " << arg;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), arg) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  Buffer x9 = cases::make_buffer({2, 9}, t);
+  expect([&] { swiglu_mlp(x9.view(), wg.view(), wu.view(), wd.view(), out.view()); }, "w_gate", "x's last dim 9");
+  Buffer wd5 = cases::make_buffer({8, 5}, t);
+  expect([&] { swiglu_mlp(x.view(), wg.view(), wu.view(), wd5.view(), out.view()); }, "w_down", "I = 6");
+  Buffer wu5 = cases::make_buffer({5, 8}, t);
+  expect([&] { swiglu_mlp(x.view(), wg.view(), wu5.view(), wd.view(), out.view()); }, "w_up", "w_gate's shape");
+  Buffer wf = cases::make_buffer({6, 8}, DType::float32);
+  expect([&] { swiglu_mlp(x.view(), wg.view(), wf.view(), wd.view(), out.view()); }, "w_up", "x's dtype bfloat16");
+  Buffer b5 = cases::make_buffer({5}, t);
+  const TensorView b5v = b5.view();
+  SwigluMlpBiases bb;
+  bb.up = &b5v;
+  expect([&] { swiglu_mlp(x.view(), wg.view(), wu.view(), wd.view(), out.view(), bb); }, "b_up", "[6]");
+  Buffer o7 = cases::make_buffer({2, 7}, t);
+  expect([&] { swiglu_mlp(x.view(), wg.view(), wu.view(), wd.view(), o7.view()); }, "out", "[2, 8]");
+}
+
+}  // namespace
+}  // namespace opgym
