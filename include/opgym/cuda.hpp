@@ -11,6 +11,7 @@
 
 #include "opgym/rms_norm.hpp"
 #include "opgym/rotary.hpp"
+#include "opgym/swiglu.hpp"
 #include "opgym/tensor.hpp"
 
 struct CUstream_st;  // cudaStream_t is `CUstream_st*`; nullptr is the legacy default stream
@@ -70,5 +71,10 @@ void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorV
 void rotary(const TensorView& q, const TensorView& k, const TensorView& cos, const TensorView& sin,
             const TensorView& q_out, const TensorView& k_out, const RotaryOptions& options = {},
             CUstream_st* stream = nullptr);
+
+// swiglu on the GPU (include/opgym/swiglu.hpp's contract with torch's CUDA silu: expf and an IEEE
+// divide in fp32; the argument errors of the CPU front), enqueued on `stream`.
+void swiglu(const TensorView& gate, const TensorView& up, const TensorView& out, CUstream_st* stream = nullptr);
+void swiglu_merged(const TensorView& gate_up, const TensorView& out, CUstream_st* stream = nullptr);
 
 }  // namespace opgym::cuda

@@ -122,7 +122,7 @@ def register(name: str, env: str, apply: Callable) -> None:
 
 # The integrations, in the order they are applied; importing one registers it (done on first use,
 # so an integration may import this module and its sibling integrations at load).
-SUPPORTED_OPS = ("rms_norm", "add_rms_norm", "rotary")
+SUPPORTED_OPS = ("rms_norm", "add_rms_norm", "rotary", "swiglu")
 
 
 def _load() -> None:

@@ -1,0 +1,155 @@
+// opgym::swiglu's torch operators (src/ops/swiglu): schemas, CPU, Meta and Autograd kernels. CUDA
+// kernels: swiglu_cuda.cpp.
+//
+//   opgym::swiglu(Tensor gate, Tensor up) -> Tensor                  silu(gate) * up
+//   opgym::swiglu_merged(Tensor gate_up) -> Tensor                   gate_up = [..., gate | up]
+//   opgym::swiglu_mlp(Tensor x, Tensor w_gate_up, Tensor? b_gate_up, Tensor w_down, Tensor? b_down)
+//       -> Tensor                                                    down(swiglu_merged(x W^T + b)) + b_down
+//
+// The activation reproduces torch's silu then mul bit for bit (on the CPU it passes torch's current
+// intra-op thread count, which places the fp32 tails: include/opgym/swiglu.hpp). swiglu_mlp is
+// CompositeImplicitAutograd over aten::linear: the GEMMs are torch's own, so their bits are what HF's
+// would be for the same operands, and torch.compile sees linear + swiglu_merged + linear.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "opgym/opgym.hpp"
+#include "torch_common.hpp"
+
+namespace opgym_torch {
+
+// Checks that need no data (CPU, CUDA and Meta kernels); the core checks overlap before writing.
+void check_swiglu(const at::Tensor& gate, const at::Tensor& up, const char* op) {
+  check_tensor_arg(gate, "gate", op);
+  check_tensor_arg(up, "up", op);
+  TORCH_CHECK_VALUE(gate.dim() >= 1 && gate.dim() <= opgym::kMaxRank, "opgym::", op, ": gate must have rank 1 to ",
+                    opgym::kMaxRank, ", got ", gate.sym_sizes());
+  TORCH_CHECK_VALUE(up.scalar_type() == gate.scalar_type(), "opgym::", op, ": up must have gate's dtype ",
+                    gate.scalar_type(), ", got ", up.scalar_type());
+  TORCH_CHECK_VALUE(up.dim() == gate.dim(), "opgym::", op, ": up must have gate's shape ", gate.sym_sizes(), ", got ",
+                    up.sym_sizes());
+  for (int64_t d = 0; d < gate.dim(); ++d)
+    OPGYM_SYM_CHECK_VALUE(up.sym_size(d).sym_eq(gate.sym_size(d)), "opgym::", op, ": up must have gate's shape ",
+                          gate.sym_sizes(), ", got ", up.sym_sizes());
+  check_device(up, "up", gate.device(), op);
+}
+
+void check_swiglu_merged(const at::Tensor& gate_up, const char* op) {
+  check_tensor_arg(gate_up, "gate_up", op);
+  TORCH_CHECK_VALUE(gate_up.dim() >= 1 && gate_up.dim() <= opgym::kMaxRank, "opgym::", op,
+                    ": gate_up must have rank 1 to ", opgym::kMaxRank, ", got ", gate_up.sym_sizes());
+  OPGYM_SYM_CHECK_VALUE((gate_up.sym_size(-1) % 2).sym_eq(0), "opgym::", op,
+                        ": gate_up's last dim holds gate then up and must be even (2 * I), got ", gate_up.sym_sizes());
+}
+
+at::Tensor merged_out(const at::Tensor& gate_up) {
+  std::vector<c10::SymInt> shape(gate_up.sym_sizes().begin(), gate_up.sym_sizes().end());
+  shape.back() = shape.back() / 2;
+  return at::empty_symint(shape, gate_up.options());
+}
+
+opgym::SwigluOptions swiglu_options() {
+  opgym::SwigluOptions o;
+  o.torch_threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  return o;
+}
+
+}  // namespace opgym_torch
+
+namespace {
+
+using namespace opgym_torch;  // NOLINT(google-build-using-namespace): the shared helpers
+
+at::Tensor swiglu_cpu(const at::Tensor& gate, const at::Tensor& up) {
+  check_swiglu(gate, up, "swiglu");
+  at::Tensor out = at::empty_like(gate);
+  translate_errors("swiglu", [&] {
+    opgym::swiglu(view_of(gate), view_of(up), view_of(out), swiglu_options(), &aten_executor());
+  });
+  return out;
+}
+
+at::Tensor swiglu_merged_cpu(const at::Tensor& gate_up) {
+  check_swiglu_merged(gate_up, "swiglu_merged");
+  at::Tensor out = merged_out(gate_up);
+  translate_errors("swiglu_merged", [&] {
+    opgym::swiglu_merged(view_of(gate_up), view_of(out), swiglu_options(), &aten_executor());
+  });
+  return out;
+}
+
+at::Tensor swiglu_meta(const at::Tensor& gate, const at::Tensor& up) {
+  check_swiglu(gate, up, "swiglu");
+  return at::empty_like(gate);
+}
+
+at::Tensor swiglu_merged_meta(const at::Tensor& gate_up) {
+  check_swiglu_merged(gate_up, "swiglu_merged");
+  return merged_out(gate_up);
+}
+
+at::Tensor swiglu_autograd(c10::DispatchKeySet ks, const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(!grad_needed({&gate, &up}),
+              "opgym::swiglu has no backward (an inference kernel); call it under torch.no_grad(), or use HF's own "
+              "MLP where gradients are needed (opgym.patch does so by itself)");
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::swiglu", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op.redispatch(ks & c10::after_autograd_keyset, gate, up);
+}
+
+at::Tensor swiglu_merged_autograd(c10::DispatchKeySet ks, const at::Tensor& gate_up) {
+  TORCH_CHECK(!grad_needed({&gate_up}),
+              "opgym::swiglu_merged has no backward (an inference kernel); call it under torch.no_grad()");
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::swiglu_merged", "")
+                       .typed<at::Tensor(const at::Tensor&)>();
+  return op.redispatch(ks & c10::after_autograd_keyset, gate_up);
+}
+
+at::Tensor swiglu_mlp(const at::Tensor& x, const at::Tensor& w_gate_up, const c10::optional<at::Tensor>& b_gate_up,
+                      const at::Tensor& w_down, const c10::optional<at::Tensor>& b_down) {
+  check_tensor_arg(x, "x", "swiglu_mlp");
+  check_tensor_arg(w_gate_up, "w_gate_up", "swiglu_mlp");
+  check_tensor_arg(w_down, "w_down", "swiglu_mlp");
+  TORCH_CHECK_VALUE(w_gate_up.dim() == 2 && w_down.dim() == 2, "opgym::swiglu_mlp: w_gate_up [2 * I, H] and w_down "
+                    "[H_out, I] must be 2-D, got ", w_gate_up.sym_sizes(), " and ", w_down.sym_sizes());
+  OPGYM_SYM_CHECK_VALUE(w_gate_up.sym_size(1).sym_eq(x.sym_size(-1)), "opgym::swiglu_mlp: w_gate_up's in-features "
+                        "must equal x's last dim ", x.sym_size(-1), ", got ", w_gate_up.sym_sizes());
+  OPGYM_SYM_CHECK_VALUE((w_gate_up.sym_size(0) % 2).sym_eq(0), "opgym::swiglu_mlp: w_gate_up's rows hold gate then "
+                        "up and must be even (2 * I), got ", w_gate_up.sym_sizes());
+  OPGYM_SYM_CHECK_VALUE((w_gate_up.sym_size(0) / 2).sym_eq(w_down.sym_size(1)), "opgym::swiglu_mlp: w_down's "
+                        "in-features must equal I = ", w_gate_up.sym_size(0) / 2, ", got ", w_down.sym_sizes());
+  auto check_bias = [](const c10::optional<at::Tensor>& b, const char* name, const c10::SymInt& len) {
+    if (!b.has_value()) return;
+    TORCH_CHECK_VALUE(b->dim() == 1, "opgym::swiglu_mlp: ", name, " must be [", len, "], got ", b->sym_sizes());
+    OPGYM_SYM_CHECK_VALUE(b->sym_size(0).sym_eq(len), "opgym::swiglu_mlp: ", name, " must be [", len, "], got ",
+                          b->sym_sizes());
+  };
+  check_bias(b_gate_up, "b_gate_up", w_gate_up.sym_size(0));
+  check_bias(b_down, "b_down", w_down.sym_size(0));
+  static auto merged = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::swiglu_merged", "")
+                           .typed<at::Tensor(const at::Tensor&)>();
+  return at::linear(merged.call(at::linear(x, w_gate_up, b_gate_up)), w_down, b_down);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(opgym, m) {
+  m.def("swiglu(Tensor gate, Tensor up) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("swiglu_merged(Tensor gate_up) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("swiglu_mlp(Tensor x, Tensor w_gate_up, Tensor? b_gate_up, Tensor w_down, Tensor? b_down) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(opgym, CPU, m) {
+  m.impl("swiglu", &swiglu_cpu);
+  m.impl("swiglu_merged", &swiglu_merged_cpu);
+}
+TORCH_LIBRARY_IMPL(opgym, Meta, m) {
+  m.impl("swiglu", &swiglu_meta);
+  m.impl("swiglu_merged", &swiglu_merged_meta);
+}
+TORCH_LIBRARY_IMPL(opgym, Autograd, m) {
+  m.impl("swiglu", &swiglu_autograd);
+  m.impl("swiglu_merged", &swiglu_merged_autograd);
+}
+TORCH_LIBRARY_IMPL(opgym, CompositeImplicitAutograd, m) { m.impl("swiglu_mlp", &swiglu_mlp); }
