@@ -117,6 +117,26 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
                             None if mrope_section is None else [int(v) for v in mrope_section])
 
 
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up with torch's roundings (silu in fp32 rounded to the dtype, then the product)."""
+    _require()
+    return torch.ops.opgym.swiglu(gate, up)
+
+
+def swiglu_merged(gate_up: torch.Tensor) -> torch.Tensor:
+    """swiglu on gate_up = [..., gate | up] (vLLM's silu_and_mul): [..., 2I] -> [..., I]."""
+    _require()
+    return torch.ops.opgym.swiglu_merged(gate_up)
+
+
+def swiglu_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, b_gate_up: torch.Tensor | None, w_down: torch.Tensor,
+               b_down: torch.Tensor | None = None) -> torch.Tensor:
+    """down(swiglu_merged(x @ w_gate_up.T + b_gate_up)) with torch's own GEMMs (aten::linear);
+    w_gate_up is [2I, H] (gate rows first), w_down [H_out, I]."""
+    _require()
+    return torch.ops.opgym.swiglu_mlp(x, w_gate_up, b_gate_up, w_down, b_down)
+
+
 def output_cache_info() -> dict:
     """The functional CPU operator's output cache: limit_bytes, cached_bytes, cached_blocks, hits, misses.
 

@@ -23,6 +23,11 @@ apply_rotary_pos_emb in the text attention, apply_rotary_pos_emb_vision in the v
 q, k, cos and sin as the function receives them and the mode (hf for the text path, fp32 for the
 vision path); `cap.rotary_records` holds them.
 
+And swiglu's (`op="swiglu"`): every call of an MLP that opgym.patch serves (`cap.mlp_records`: x's
+shape, H, I, biases). Each signature gives two cases: the activation alone on gate_up [..., 2I]
+(tolerance 0: the op's contract is torch's bits) and the whole MLP in PyPTO-Gym's swiglu_mlp schema
+(weights [in, out]; the C++ MLP's GEMMs sum in oneDNN's order, so a bf16/fp16 tolerance).
+
 Cases are deduplicated by signature (input shape, dtype, weight shape/dtype, eps): one case per
 signature, whatever the number of call sites. Ids are derived from the signature alone (stable across
 runs and capture order); each description names the call sites with layer indices collapsed
@@ -41,8 +46,9 @@ from torch import nn
 from .integrations import rotary as _rotary
 from .integrations.add_rms_norm import fused_norms
 from .integrations.rms_norm import _eps_of, find_rms_norms
+from .integrations.swiglu import swiglu_mlps
 
-OPS = ("rms_norm", "add_rms_norm", "rotary")
+OPS = ("rms_norm", "add_rms_norm", "rotary", "swiglu")
 _SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 _NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64"}
 # Tolerances written into the cases: a few ulps of the output dtype (opgym differs from HF's module
@@ -77,6 +83,7 @@ class Capture:
         self.model = model
         self.records: list[dict] = []
         self.rotary_records: list[dict] = []
+        self.mlp_records: list[dict] = []
         self._instrumented = []
         self.steps: list[dict] = []  # per top-level forward: phase, cache length
         self._hooks = []
@@ -94,7 +101,72 @@ class Capture:
         for name, module in norms:
             self._hooks.append(module.register_forward_pre_hook(self._make_hook(name, id(module) in added)))
         self._instrumented = _rotary.instrument(self.model, self._on_rotary)
+        for name, mlp, kind in swiglu_mlps(self.model):
+            self._hooks.append(mlp.register_forward_pre_hook(self._make_mlp_hook(name, kind)))
         return self
+
+    def _make_mlp_hook(self, name: str, kind: str):
+        def hook(module, args):
+            x = args[0] if args else None
+            if not isinstance(x, torch.Tensor):
+                return None
+            step = self.steps[-1] if self._in_step else {"step": len(self.steps), "phase": "prefill"}
+            g, d = module.gate_proj, module.down_proj
+            self.mlp_records.append({
+                "step": step["step"], "phase": step["phase"], "module": name, "kind": kind,
+                "shape": list(x.shape), "dtype": _NAME.get(x.dtype, str(x.dtype)),
+                "hidden": g.weight.shape[1], "intermediate": g.weight.shape[0], "out": d.weight.shape[0],
+                "bias": g.bias is not None,
+            })
+            return None
+
+        return hook
+
+    def _swiglu_cases(self, prefix: str) -> list[dict]:
+        groups: OrderedDict[tuple, dict] = OrderedDict()
+        for r in self.mlp_records:
+            key = (tuple(r["shape"]), r["dtype"], r["hidden"], r["intermediate"], r["out"], r["bias"])
+            g = groups.setdefault(key, {"calls": 0, "sites": OrderedDict(), "phases": OrderedDict()})
+            g["calls"] += 1
+            site = collapse_path(r["module"])
+            g["sites"][site] = g["sites"].get(site, 0) + 1
+            g["phases"][r["phase"]] = g["phases"].get(r["phase"], 0) + 1
+        out = []
+        for (shape, dt, H, I, H_out, bias), g in groups.items():
+            if dt not in TOLERANCES:
+                continue
+            rows = list(shape[:-1])
+            tag = f"{_short(dt)}_{'x'.join(map(str, rows))}_H{H}_I{I}"
+            where = f"{g['calls']} calls at " + ", ".join(f"{s} (x{n})" for s, n in g["sites"].items())
+            common = {"call_sites": list(g["sites"].keys()), "phases": dict(g["phases"]), "calls": g["calls"]}
+            act_id = f"{prefix}_act_{tag}"
+            out.append({
+                "id": act_id,
+                "description": f"{'/'.join(g['phases'])} silu(gate) * up on gate_up {rows + [2 * I]} {_short(dt)}: {where}",
+                "seed": zlib.crc32(act_id.encode()) % 100000,
+                "input": {"gate_up": {"shape": rows + [2 * I], "dtype": dt}},
+                "output": {"out": {"shape": rows + [I], "dtype": dt}},
+                "rtol": 0.0, "atol": 0.0, **common,
+            })
+            mlp_id = f"{prefix}_mlp_{tag}"
+            rtol, atol = TOLERANCES[dt]
+            inputs = {"x": {"shape": list(shape), "dtype": dt},
+                      "gate_weight": {"shape": [H, I], "dtype": dt}, "up_weight": {"shape": [H, I], "dtype": dt},
+                      "down_weight": {"shape": [I, H_out], "dtype": dt}}
+            if bias:
+                inputs.update({"gate_bias": {"shape": [I], "dtype": dt}, "up_bias": {"shape": [I], "dtype": dt},
+                               "down_bias": {"shape": [H_out], "dtype": dt}})
+            out.append({
+                "id": mlp_id,
+                "description": (f"{'/'.join(g['phases'])} SwiGLU MLP x {list(shape)} {_short(dt)}, I {I}"
+                                f"{', biases' if bias else ''} (weights [in, out], as PyPTO-Gym's): {where}"),
+                "seed": zlib.crc32(mlp_id.encode()) % 100000,
+                "input": inputs,
+                "output": {"output": {"shape": rows + [H_out], "dtype": dt}},
+                "rtol": rtol, "atol": atol, **common,
+            })
+        out.sort(key=lambda c: c["id"])
+        return out
 
     def _on_rotary(self, path, mode, q, k, cos, sin, unsqueeze_dim) -> None:
         step = self.steps[-1] if self._in_step else {"step": len(self.steps), "phase": "prefill"}
@@ -217,6 +289,8 @@ class Capture:
         prefix = prefix or op
         if op == "rotary":
             return self._rotary_cases(prefix)
+        if op == "swiglu":
+            return self._swiglu_cases(prefix)
         for (shape, dtype, wshape, wdtype, eps), g in self.signatures(op).items():
             if dtype not in TOLERANCES or wdtype not in TOLERANCES:
                 continue  # not a dtype the gym format / opgym covers

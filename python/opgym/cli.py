@@ -45,6 +45,9 @@ def _add_capture(sub) -> None:
     p.add_argument("--prefix", default="qwen2_5_vl_3b_rms_norm", help="case id prefix")
     p.add_argument("--rotary-out", default=None, metavar="FILE",
                    help="also write rotary's cases (every call of the rotary functions opgym.patch hooks)")
+    p.add_argument("--swiglu-out", default=None, metavar="FILE",
+                   help="also write swiglu's cases (every MLP opgym.patch serves: the activation on gate_up, "
+                        "bit for bit, and the whole MLP in PyPTO-Gym's swiglu_mlp schema)")
     p.add_argument("--add-rms-norm-out", default=None, metavar="FILE",
                    help="also write add_rms_norm's cases (the norms after a residual add that opgym.patch "
                         "fuses; ids prefixed with --prefix's 'rms_norm' made 'add_rms_norm')")
@@ -60,7 +63,7 @@ def _capture_main(args) -> int:
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be >= 1")
     for flag, path in (("--out", args.out), ("--add-rms-norm-out", args.add_rms_norm_out),
-                       ("--rotary-out", args.rotary_out)):
+                       ("--rotary-out", args.rotary_out), ("--swiglu-out", args.swiglu_out)):
         out_dir = os.path.dirname(os.path.abspath(path)) if path else None
         if out_dir and not os.path.isdir(out_dir):
             raise UsageError(f"{flag}: directory {out_dir} does not exist")
@@ -127,6 +130,12 @@ def _capture_main(args) -> int:
                         description=description.replace("RMSNorm input signatures", "Rotary (q, k, cos, sin) "
                                                         "signatures of the text (hf) and vision (fp32) attention"))
         print(f"wrote {len(rot['test_cases'])} rotary cases to {args.rotary_out}")
+    if args.swiglu_out:
+        sw_prefix = args.prefix.replace("rms_norm", "swiglu") if "rms_norm" in args.prefix else args.prefix + "_swiglu"
+        sw = cap.write(args.swiglu_out, source=source, op="swiglu", prefix=sw_prefix,
+                       description=description.replace("RMSNorm input signatures", "SwiGLU MLP signatures of the "
+                                                       "text MLP and the vision MLP (biases)"))
+        print(f"wrote {len(sw['test_cases'])} swiglu cases to {args.swiglu_out}")
     if args.records:
         with open(args.records, "w") as f:
             json.dump({"steps": cap.steps, "records": cap.records}, f, indent=1)
