@@ -82,19 +82,21 @@ def test_fused_path_taken_on_cpu(tiny_report):
     assert rep["opgym"]["opgym_op_calls"] == rep["opgym"]["rms_norm_calls_per_prefill"]
     assert rep["baseline"]["opgym_op_calls"] == 0
     per_op = rep["calls"]["per_op"]
-    assert set(per_op) == {"rms_norm", "add_rms_norm", "rotary"}
+    assert set(per_op) == {"rms_norm", "add_rms_norm", "rotary", "swiglu"}
     assert per_op["rotary"]["fused"] > 0 and per_op["rotary"]["fallback"] == 0
+    assert per_op["swiglu"]["fused"] > 0 and per_op["swiglu"]["fallback"] == 0
     assert per_op["add_rms_norm"]["fused"] > 0 and per_op["add_rms_norm"]["fallback"] == 0
     assert per_op["add_rms_norm"]["switch"].startswith("OPGYM_ADD_RMS_NORM=0")
 
 
 def test_top_level_ops_per_decode_step(tiny_report):
     """HF eager runs each RMSNorm as eight ops, the residual add as one, the rotary of q and k as
-    sixteen (two unsqueezes; per tensor two slices, neg, cat, two muls, an add); opgym's fused ops are
-    one op each: 2 x 7 + 1 + 15 = 30 fewer per text layer."""
+    sixteen (two unsqueezes; per tensor two slices, neg, cat, two muls, an add), the MLP as five
+    (gate_proj, up_proj, silu, mul, down_proj); opgym's fused ops are one op each and its MLP three
+    (the merged gate|up linear, swiglu_merged, down_proj): 2 x 7 + 1 + 15 + 2 = 32 fewer per text layer."""
     rep, r = tiny_report
     b, o = rep["baseline"]["decode_top_level_ops"], rep["opgym"]["decode_top_level_ops"]
-    assert b["per_text_layer"] - o["per_text_layer"] == 30, (b, o)
+    assert b["per_text_layer"] - o["per_text_layer"] == 32, (b, o)
     assert b["per_step"] > o["per_step"] > o["per_text_layer"] > 0
     assert "top-level torch ops per text layer" in r.stdout
 
@@ -144,11 +146,11 @@ def test_table_printed(tiny_report):
 
 def test_env_switch_off_gives_identical_logits(tmp_path):
     """Control for the agreement figures: with the fused paths switched off (OPGYM_RMS_NORM=0,
-    OPGYM_ADD_RMS_NORM=0, OPGYM_ROTARY=0) the
+    OPGYM_ADD_RMS_NORM=0, OPGYM_ROTARY=0, OPGYM_SWIGLU=0) the
     patched model runs HF's own forward, every call is a fallback and the logits are bit-identical."""
     out = tmp_path / "r.json"
     r = opgym_run(*TINY, "--report", str(out), env={"OPGYM_RMS_NORM": "0", "OPGYM_ADD_RMS_NORM": "0",
-                                                                 "OPGYM_ROTARY": "0"})
+                                                                 "OPGYM_ROTARY": "0", "OPGYM_SWIGLU": "0"})
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(out.read_text())
     assert rep["calls"]["fused"] == 0 and rep["calls"]["fallback"] > 0

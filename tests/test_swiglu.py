@@ -195,23 +195,48 @@ def test_qwen2_5_vl_mlps_fused_bit_identical_and_undo(qwen25vl):
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
-def test_act_mode_and_fp32_keep_hf_gemms(monkeypatch):
+def test_act_mode_keeps_hf_gemms_and_the_probe_is_reported(monkeypatch):
     model, inputs = tiny_qwen25vl()
-    model = model.float()
     with torch.no_grad():
         ref = model(**inputs).logits
-        with opgym.patch(model, ops=("swiglu",)) as handle:  # fp32: the activation only (auto)
+        with opgym.patch(model, ops=("swiglu",)) as handle:  # auto: the probe decided, and says so
+            assert handle.notes and all(v.startswith(("merged: ", "act: ")) for v in handle.notes.values())
+        monkeypatch.setenv("OPGYM_SWIGLU_MODE", "act")
+        with opgym.patch(model, ops=("swiglu",)) as handle:
             mlp = model.model.language_model.layers[0].mlp
-            assert mlp.gate_proj.weight.untyped_storage().nbytes() == mlp.gate_proj.weight.nbytes
+            assert mlp.gate_proj.weight.untyped_storage().nbytes() == mlp.gate_proj.weight.nbytes  # not merged
             assert torch.equal(model(**inputs).logits, ref)
             assert handle.stats()["ops"]["swiglu"]["fused"] == 4
-    monkeypatch.setenv("OPGYM_SWIGLU_MODE", "merged")
-    with torch.no_grad(), opgym.patch(model, ops=("swiglu",)):
-        mlp = model.model.language_model.layers[0].mlp
-        assert mlp.up_proj.weight.data_ptr() == mlp.gate_proj.weight.data_ptr() + mlp.gate_proj.weight.nbytes
+            assert all("OPGYM_SWIGLU_MODE=act" in v for v in handle.notes.values())
     monkeypatch.setenv("OPGYM_SWIGLU_MODE", "bogus")
     with pytest.raises(ValueError, match="OPGYM_SWIGLU_MODE"):
         opgym.patch(model, ops=("swiglu",))
+
+
+@pytest.mark.parametrize("kind", ["text", "vision"])
+def test_long_prefill_in_row_chunks_bit_identical_with_less_memory(kind):
+    """A prefill longer than CHUNK_ROWS runs in row chunks (where the probe allows): HF's bits, and the
+    [T, I] intermediates exist for CHUNK_ROWS rows at a time."""
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+    import opgym.integrations.swiglu as integ
+    from opgym.bench import _peak_bytes
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(hidden_size=256, intermediate_size=1024, hidden_act="silu")
+    mlp = (Qwen2MLP(cfg) if kind == "text" else hf.Qwen2_5_VLMLP(cfg, bias=True)).to(torch.bfloat16).eval()
+    x = torch.randn(1, 3 * integ.CHUNK_ROWS + 17, 256).to(torch.bfloat16)
+    with torch.no_grad():
+        want = mlp(x)
+        hf_peak = _peak_bytes(lambda: mlp(x))
+        with opgym.patch(nn.ModuleDict({"m": mlp}), ops=("swiglu",)) as handle:
+            note = next(iter(handle.notes.values()))
+            got = mlp(x)
+            peak = _peak_bytes(lambda: mlp(x))
+    assert torch.equal(got, want)
+    if "chunks" in note:  # bf16 on this CPU: the probe found chunking exact
+        assert peak < hf_peak / 2, (peak, hf_peak)
 
 
 def test_switch_fault_and_gradient_fall_back(monkeypatch, qwen25vl):

@@ -177,6 +177,7 @@ class PatchHandle:
         self.patched: list[str] = []
         self.patched_by_op: dict[str, list[str]] = {}
         self.skipped: dict[str, str] = {}
+        self.notes: dict[str, str] = {}  # what an integration decided and why (e.g. swiglu's merge probe)
         self._stats: dict[str, Stats] = {}
         self._on_undo: list = []
         self.active = False

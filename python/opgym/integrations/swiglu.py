@@ -9,14 +9,19 @@ its act_fn is nn.SiLU or transformers' SiLUActivation (forward verified, no hook
 subclass: quantized and LoRA-wrapped Linears fall outside) of one dtype and device, with no hooks on
 any of the four modules. Anything else is left alone and listed in `handle.skipped` with the reason.
 
-Merging (mode "merged", the default for bf16/fp16): at patch time gate_proj's and up_proj's weights
-(and biases) are copied into one [2I, H] buffer ([2I]) and the two Linears' parameters become views of
-its halves: memory does not grow, and the Linears still work on their own. undo() gives each Linear a
-contiguous parameter of its own again, with the same values. Mode "act" (the default for fp32, and
-OPGYM_SWIGLU_MODE=act): the two GEMMs stay HF's and only silu(gate) * up is fused.
-Why the defaults: torch's CPU GEMM (oneDNN) gave the same bits for the merged [2I, H] GEMM as for the
-two separate ones on every bf16/fp16 shape measured (T = 1, 7, 282, 1024 on both Qwen2.5-VL MLPs), but
-not for fp32 at T = 1 on the vision MLP (0.1% of elements differ): docs/PERF.md, "swiglu".
+Merging: at patch time gate_proj's and up_proj's weights (and biases) are copied into one [2I, H]
+buffer ([2I]) and the two Linears' parameters become views of its halves: memory does not grow, and the
+Linears still work on their own. undo() gives each Linear a contiguous parameter of its own again, with
+the same values. Whether a model's MLPs are merged is measured, not assumed: at patch time, once per
+(dtype, device, H, I, bias) in the process, a probe runs torch's GEMM on random rows of that shape
+(T = 1, 5 and CHUNK_ROWS + 5) with the layer's own weights, and merges only if the merged GEMM gives the
+separate GEMMs' bits exactly (OPGYM_SWIGLU_MODE: auto, the default; merged forces the merge; act never
+merges). Measured here (oneDNN on AVX512-BF16): bf16 and fp16 identical on every Qwen2.5-VL shape, fp32
+not at T = 1 on the vision MLP. Unmerged, only silu(gate) * up is fused and the GEMMs stay HF's.
+Long inputs (prefill) run in chunks of CHUNK_ROWS rows when the same probe finds torch's GEMMs give
+the same bits per row whatever the rows around them: HF's three [T, I] intermediates then exist for
+CHUNK_ROWS rows at a time, which is where the MLP's peak memory goes. `handle.notes` says what was
+decided for each signature and why.
 
 At call time, when OPGYM_SWIGLU is not "0" and the op serves the input (a device with an opgym kernel,
 the weights' dtype, no gradient needed), the fused path runs; otherwise, and on any error from opgym,
@@ -34,6 +39,8 @@ from ..patch import FUSED_DTYPES, count, fingerprint, register, switch_on
 
 ENV_SWITCH = "OPGYM_SWIGLU"
 ENV_MODE = "OPGYM_SWIGLU_MODE"  # auto (default) | merged | act
+CHUNK_ROWS = 256  # rows per chunk of a long input (merged mode, when the probe allows it)
+_PROBED: dict[tuple, tuple[bool, bool]] = {}  # signature -> (merge gives HF's bits, chunks give the same bits)
 
 FINGERPRINTS = {
     "b8c28f7223279a0b": "text",    # transformers 5.23: Qwen2MLP (Qwen2.5-VL's text MLP), Qwen3MLP, LlamaMLP
@@ -85,13 +92,45 @@ def _verdict(mlp: nn.Module) -> str | None:
     return None
 
 
-def _mode_for(dtype: torch.dtype) -> str:
+def _mode() -> str:
     mode = os.environ.get(ENV_MODE, "auto").strip().lower()
     if mode not in ("auto", "merged", "act"):
         raise ValueError(f"{ENV_MODE} must be auto, merged or act, got {mode!r}")
-    if mode == "auto":
-        return "act" if dtype == torch.float32 else "merged"
     return mode
+
+
+def _signature(mlp) -> tuple:
+    g, d = mlp.gate_proj, mlp.down_proj
+    return (g.weight.dtype, g.weight.device, g.weight.shape[1], g.weight.shape[0], d.weight.shape[0], g.bias is not None)
+
+
+def _probe(mlp) -> tuple[bool, bool]:
+    """(merged GEMM == separate GEMMs, row chunks == whole) on random rows, bit for bit, with torch's own
+    GEMMs on this machine; cached per signature."""
+    key = _signature(mlp)
+    if key in _PROBED:
+        return _PROBED[key]
+    g, u, d = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+    dtype, device, H, _, _, _ = key
+    gen = torch.Generator().manual_seed(0)
+    merged_ok = chunk_ok = True
+    with torch.no_grad():
+        w = torch.cat([g.weight, u.weight])
+        b = torch.cat([g.bias, u.bias]) if g.bias is not None else None
+        for T in (1, 5, CHUNK_ROWS + 5):
+            x = torch.randn(T, H, generator=gen).to(dtype=dtype, device=device)
+            whole = F.linear(x, w, b)
+            sep = torch.cat([F.linear(x, g.weight, g.bias), F.linear(x, u.weight, u.bias)], -1)
+            merged_ok = merged_ok and torch.equal(whole, sep)
+            if T > CHUNK_ROWS:
+                parts = torch.cat([F.linear(x[:CHUNK_ROWS], w, b), F.linear(x[CHUNK_ROWS:], w, b)])
+                act = torch.ops.opgym.swiglu_merged(whole)
+                down_whole = F.linear(act, d.weight, d.bias)
+                down_parts = torch.cat([F.linear(act[:CHUNK_ROWS], d.weight, d.bias),
+                                        F.linear(act[CHUNK_ROWS:], d.weight, d.bias)])
+                chunk_ok = torch.equal(parts, whole) and torch.equal(down_parts, down_whole)
+    _PROBED[key] = (merged_ok, chunk_ok)
+    return _PROBED[key]
 
 
 def _merge(mlp: nn.Module, handle) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -135,15 +174,24 @@ def _fallback_reason(x, w, devices) -> str | None:
     return None
 
 
-def _make_forward(mlp: nn.Module, mode: str, handle, counters, devices):
+def _make_forward(mlp: nn.Module, merge: bool, chunk: bool, handle, counters, devices):
     hf_forward = type(mlp).forward.__get__(mlp)
     down = mlp.down_proj
-    if mode == "merged":
+    if merge:
         w, b = _merge(mlp, handle)
         merged = torch.ops.opgym.swiglu_merged.default
+        H, H_out = w.shape[1], down.weight.shape[0]
 
         def fused(x):
-            return down(merged(F.linear(x, w, b)))
+            rows = x.numel() // H if H else 0
+            if not chunk or rows <= CHUNK_ROWS or torch.compiler.is_compiling():
+                return down(merged(F.linear(x, w, b)))
+            # Prefill: CHUNK_ROWS rows at a time (the probe showed the GEMMs give the same bits).
+            xs = x.reshape(rows, H)
+            out = torch.empty(rows, H_out, dtype=x.dtype, device=x.device)
+            for i in range(0, rows, CHUNK_ROWS):
+                out[i:i + CHUNK_ROWS] = down(merged(F.linear(xs[i:i + CHUNK_ROWS], w, b)))
+            return out.view(*x.shape[:-1], H_out)
     else:
         gate, up = mlp.gate_proj, mlp.up_proj
         act = torch.ops.opgym.swiglu.default
@@ -183,6 +231,7 @@ def swiglu_mlps(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
 
 
 def apply(model: nn.Module, handle, devices) -> None:
+    mode = _mode()
     kinds: dict[type, str | None] = {}
     for name, mlp in model.named_modules():
         cls = type(mlp)
@@ -198,8 +247,21 @@ def apply(model: nn.Module, handle, devices) -> None:
         if why is not None:
             handle.skipped[name] = f"{cls.__name__}: {why} (swiglu)"
             continue
-        mode = _mode_for(mlp.gate_proj.weight.dtype)
-        handle.replace_forward(mlp, "swiglu", name, _make_forward(mlp, mode, handle, handle.counters("swiglu"), devices))
+        if mode == "act":
+            merge, chunk, why = False, False, f"{ENV_MODE}=act"
+        else:
+            same, chunk = _probe(mlp)
+            merge = same or mode == "merged"
+            why = ("merged GEMM gives the separate GEMMs' bits (probe)" if same else
+                   f"forced by {ENV_MODE}=merged (the probe found the merged GEMM's bits differ)" if merge else
+                   "merged GEMM's bits differ from the separate GEMMs' (probe): activation only")
+            chunk = chunk and merge
+        sig = _signature(mlp)
+        note = (f"{'merged' if merge else 'act'}: {why}"
+                + (f"; prefill in chunks of {CHUNK_ROWS} rows (same bits, probe)" if chunk else ""))
+        handle.notes[f"swiglu {str(sig[0]).replace('torch.', '')} H{sig[2]} I{sig[3]}{' bias' if sig[5] else ''}"] = note
+        handle.replace_forward(mlp, "swiglu", name,
+                               _make_forward(mlp, merge, chunk, handle, handle.counters("swiglu"), devices))
 
 
 register("swiglu", ENV_SWITCH, apply)
