@@ -233,10 +233,11 @@ def test_qwen2_5_vl_layers_fused_bit_identical(qwen25vl):
         with torch.no_grad():
             got = model(**inputs).logits
         st = handle.stats()["ops"]
-        assert st["add_rms_norm"] == {"fused": 4, "fallback": 0, "reasons": {}}, st
-        # The fused norms are no longer called as modules: 10 norms, 4 now inside add_rms_norm.
-        assert st["rms_norm"] == {"fused": 6, "fallback": 0, "reasons": {}}, st
-        assert opgym.stats()["ops"]["add_rms_norm"]["fused"] == 4
+        # 4 post-attention norms (2 text, 2 vision) and layer 0's MLP add with layer 1's input_layernorm
+        assert st["add_rms_norm"] == {"fused": 5, "fallback": 0, "reasons": {}}, st
+        # The fused norms are no longer called as modules: 10 norms, 5 now inside add_rms_norm.
+        assert st["rms_norm"] == {"fused": 5, "fallback": 0, "reasons": {}}, st
+        assert opgym.stats()["ops"]["add_rms_norm"]["fused"] == 5
         assert torch.equal(got, ref)
     finally:
         handle.undo()
@@ -254,7 +255,7 @@ def test_qwen2_5_vl_generate_same_tokens(qwen25vl):
         with opgym.patch(model) as handle:
             got = model.generate(**inputs, **kw, output_logits=True, return_dict_in_generate=True)
             st = handle.stats()
-    assert st["ops"]["add_rms_norm"]["fused"] == 6 * 2 + 2 and st["fallback"] == 0, st
+    assert st["ops"]["add_rms_norm"]["fused"] == 6 * 3 + 2 and st["fallback"] == 0, st
     assert torch.equal(ref.sequences, got.sequences)
     assert all(torch.equal(a, b) for a, b in zip(ref.logits, got.logits))
 
@@ -287,7 +288,7 @@ def test_switch_and_fallbacks(monkeypatch):
     monkeypatch.setenv("OPGYM_ADD_RMS_NORM", "0")
     with torch.no_grad():
         assert torch.equal(model(ids).logits, ref)
-    assert handle.stats()["reasons"] == {"OPGYM_ADD_RMS_NORM=0": 2}
+    assert handle.stats()["reasons"] == {"OPGYM_ADD_RMS_NORM=0": 3}  # 2 layers, and layer 0's MLP add
     monkeypatch.delenv("OPGYM_ADD_RMS_NORM")
     handle.reset_stats()
     # A fault inside the fused op: the layer runs HF's add and norm, the model's output is HF's.
@@ -303,10 +304,43 @@ def test_switch_and_fallbacks(monkeypatch):
         with torch.no_grad():
             got = model(ids).logits
     assert torch.equal(got, ref)
-    assert handle.stats()["reasons"] == {"opgym error: RuntimeError": 2}
+    assert handle.stats()["reasons"] == {"opgym error: RuntimeError": 3}
     assert "forward" in layer.__dict__
     handle.undo()
     assert "forward" not in layer.__dict__
+
+
+def test_mlp_add_fused_with_the_next_layers_norm_only_on_the_very_tensor():
+    """Layer i's MLP residual add and layer i + 1's input_layernorm are one call; layer i + 1 takes
+    the stashed norm only when its input is that sum, unmodified (a hook that edits it in place, or
+    passes another tensor, makes it run its own norm), and the last layer's add stays HF's."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=128)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg).eval().to(torch.bfloat16)
+    ids = _ids()
+    with torch.no_grad():
+        ref = model(ids).logits
+    with opgym.patch(model, ops=("rms_norm", "add_rms_norm")) as handle, torch.no_grad():
+        assert torch.equal(model(ids).logits, ref)
+        st = handle.stats()["ops"]
+        assert st["add_rms_norm"]["fused"] == 4 + 3  # per layer, and the adds of layers 0-2
+        assert st["rms_norm"]["fused"] == 4 * 4 + 1 - 7  # 17 norms (q/k norms, final norm): 7 fused into adds
+        # A pre-hook on layer 2 editing its input in place: the stash is stale, layer 2 norms itself.
+        def bump(m, args, kwargs):
+            args[0].mul_(2)
+        for hooked in (model.model.layers[2],):
+            h = hooked.register_forward_pre_hook(bump, with_kwargs=True)
+        handle.reset_stats()
+        got = model(ids).logits
+        assert handle.stats()["ops"]["rms_norm"]["fused"] == 17 - 7 + 1  # layer 2's input_layernorm ran
+        h.remove()
+    with torch.no_grad():
+        h = model.model.layers[2].register_forward_pre_hook(bump, with_kwargs=True)
+        assert torch.equal(got, model(ids).logits)  # HF with the same hook
+        h.remove()
 
 
 def test_fallback_when_grad_needed_or_dtype_unsupported():
@@ -319,7 +353,7 @@ def test_fallback_when_grad_needed_or_dtype_unsupported():
     with opgym.patch(model) as handle:
         model(ids).logits.pow(2).mean().backward()
         reasons = handle.stats()["ops"]["add_rms_norm"]["reasons"]
-    assert reasons == {"gradient needed (opgym::add_rms_norm has no backward)": 2}
+    assert reasons == {"gradient needed (opgym::add_rms_norm has no backward)": 3}  # and layer 0's MLP add
     for n, p in model.named_parameters():
         assert torch.equal(p.grad, ref_grads[n]), n
     model64 = _tiny_qwen3().double()

@@ -17,7 +17,13 @@ At call time the layer runs HF's own statements with one change: the add and the
 op when OPGYM_ADD_RMS_NORM is not "0" and the op serves the inputs (a device with an opgym kernel,
 x and residual of one float dtype and one shape, no gradient needed); otherwise, and on any error
 from opgym, HF's `residual + x` and the norm module itself (counted as a fallback with the reason).
-The MLP's residual add is left as HF writes it.
+Across layers (decoder layers only): the MLP's residual add at the end of layer i and layer i + 1's
+input_layernorm are one add_rms_norm call too, when layer i + 1 is the next entry of the same
+ModuleList and is fused itself. Layer i returns the sum (what HF returns) and leaves the normed sum
+in a stash shared by the list; layer i + 1 takes it instead of calling its input_layernorm only if
+its hidden_states is that very tensor, unmodified since (the same object and version counter);
+anything else runs the norm as HF does. The last layer's add (before the model's final norm) stays
+HF's. Under torch.compile the stash is not used (each layer adds and norms on its own).
 """
 from __future__ import annotations
 
@@ -111,12 +117,37 @@ def _make_add_norm(norm: nn.Module, counters, devices):
     return add_norm
 
 
-def _decoder_forward(layer: nn.Module, add_norm):
-    # HF 5.23's Qwen2_5_VLDecoderLayer.forward, the two statements around post_attention_layernorm fused.
+class _Stash:
+    """The normed sum a decoder layer leaves for the next one (see the module docstring)."""
+
+    __slots__ = ("sum", "version", "normed")
+
+    def __init__(self):
+        self.sum = self.normed = None
+        self.version = -1
+
+    def put(self, s, normed) -> None:
+        self.sum, self.version, self.normed = s, s._version, normed
+
+    def take(self, hidden_states):
+        """The stashed norm of hidden_states if it is the stashed sum, unmodified; else None."""
+        s, normed = self.sum, self.normed
+        self.sum = self.normed = None
+        if s is not None and s is hidden_states and s._version == self.version:
+            return normed
+        return None
+
+
+def _decoder_forward(layer: nn.Module, add_norm, stash_in: _Stash | None = None, next_add_norm=None,
+                     stash_out: _Stash | None = None):
+    # HF 5.23's Qwen2_5_VLDecoderLayer.forward, the two statements around post_attention_layernorm fused,
+    # and (when the next layer is fused too) the MLP residual add with the next layer's input_layernorm.
     def forward(hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
                 position_embeddings=None, **kwargs):
         residual = hidden_states
-        hidden_states = layer.input_layernorm(hidden_states)
+        compiling = torch.compiler.is_compiling()
+        normed = stash_in.take(hidden_states) if stash_in is not None and not compiling else None
+        hidden_states = normed if normed is not None else layer.input_layernorm(hidden_states)
         hidden_states, _ = layer.self_attn(
             hidden_states=hidden_states,
             attention_mask=attention_mask,
@@ -128,6 +159,10 @@ def _decoder_forward(layer: nn.Module, add_norm):
         )
         hidden_states, residual = add_norm(hidden_states, residual)
         hidden_states = layer.mlp(hidden_states)
+        if next_add_norm is not None and not compiling:
+            normed, hidden_states = next_add_norm(hidden_states, residual)
+            stash_out.put(hidden_states, normed)
+            return hidden_states
         hidden_states = residual + hidden_states
         return hidden_states
 
@@ -149,10 +184,25 @@ def _vision_forward(block: nn.Module, add_norm):
 _BUILDERS = {"decoder": _decoder_forward, "vision": _vision_forward}
 
 
+def _neighbours(model: nn.Module) -> tuple[dict, dict]:
+    """(next, prev): id(layer) -> (the next / previous layer in its ModuleList, the stash that list's
+    layers share)."""
+    nxt, prev = {}, {}
+    for m in model.modules():
+        if isinstance(m, nn.ModuleList) and len(m) > 1:
+            stash = _Stash()
+            for a, b in zip(m, list(m)[1:]):
+                nxt[id(a)] = (b, stash)
+                prev[id(b)] = (a, stash)
+    return nxt, prev
+
+
 def apply(model: nn.Module, handle, devices) -> None:
-    """Fuses the add and norm of every layer of `model` whose forward opgym has verified."""
+    """Fuses the add and norm of every layer of `model` whose forward opgym has verified, and the
+    MLP residual add of each decoder layer with the next fused decoder layer's input_layernorm."""
     kinds: dict[type, str | None] = {}
     verdicts: dict[type, str | None] = {}
+    fused: dict[int, tuple[str, nn.Module, str]] = {}  # id(layer) -> (name, layer, kind)
     for name, layer in model.named_modules():
         cls = type(layer)
         kind = layer_kind(cls, kinds)
@@ -171,8 +221,29 @@ def apply(model: nn.Module, handle, devices) -> None:
         if why is not None:
             handle.skipped[name] = f"{cls.__name__}: {why} (add_rms_norm)"
             continue
-        add_norm = _make_add_norm(norm, handle.counters("add_rms_norm"), devices)
-        handle.replace_forward(layer, "add_rms_norm", name, _BUILDERS[kind](layer, add_norm))
+        fused[id(layer)] = (name, layer, kind)
+    nxt, prv = _neighbours(model)
+    counters = handle.counters("add_rms_norm")
+
+    def fusable_decoder(m) -> bool:
+        return m is not None and id(m) in fused and fused[id(m)][2] == "decoder"
+
+    for name, layer, kind in fused.values():
+        add_norm = _make_add_norm(getattr(layer, _NORM_ATTR[kind]), counters, devices)
+        if kind != "decoder":
+            handle.replace_forward(layer, "add_rms_norm", name, _BUILDERS[kind](layer, add_norm))
+            continue
+        def chained(a, b) -> bool:  # a's MLP add fused with b's input_layernorm
+            n = getattr(b, "input_layernorm", None)
+            return fusable_decoder(a) and fusable_decoder(b) and isinstance(n, nn.Module) and is_rms_norm(n) \
+                and norm_verdict(n, verdicts) is None
+        pl, stash_in = prv.get(id(layer), (None, None))
+        stash_in = stash_in if chained(pl, layer) else None
+        nl, stash_out = nxt.get(id(layer), (None, None))
+        next_add_norm = _make_add_norm(nl.input_layernorm, counters, devices) if chained(layer, nl) else None
+        stash_out = stash_out if next_add_norm is not None else None
+        handle.replace_forward(layer, "add_rms_norm", name,
+                               _decoder_forward(layer, add_norm, stash_in, next_add_norm, stash_out))
 
 
 register("add_rms_norm", ENV_SWITCH, apply)

@@ -12,7 +12,8 @@ any of the four modules. Anything else is left alone and listed in `handle.skipp
 Merging: at patch time gate_proj's and up_proj's weights (and biases) are copied into one [2I, H]
 buffer ([2I]) and the two Linears' parameters become views of its halves: memory does not grow, and the
 Linears still work on their own. undo() gives each Linear a contiguous parameter of its own again, with
-the same values. Whether a model's MLPs are merged is measured, not assumed: at patch time, once per
+the same values and any gradient they accumulated (the Parameter objects are new ones: an optimizer
+built before patch() or undo() holds the old ones). Whether a model's MLPs are merged is measured, not assumed: at patch time, once per
 (dtype, device, H, I, bias) in the process, a probe runs torch's GEMM on random rows of that shape
 (T = 1, 5 and CHUNK_ROWS + 5) with the layer's own weights, and merges only if the merged GEMM gives the
 separate GEMMs' bits exactly (OPGYM_SWIGLU_MODE: auto, the default; merged forces the merge; act never
@@ -147,12 +148,18 @@ def _merge(mlp: nn.Module, handle) -> tuple[torch.Tensor, torch.Tensor | None]:
         if b is not None:
             lin.bias = nn.Parameter(b[sl], requires_grad=lin.bias.requires_grad)
 
+    def own(p: nn.Parameter, requires_grad: bool) -> nn.Parameter:
+        q = nn.Parameter(p.detach().clone(), requires_grad=requires_grad)
+        if p.grad is not None:  # a gradient accumulated while patched (HF's forward ran) is kept
+            q.grad = p.grad.clone()
+        return q
+
     def unmerge():
         with torch.no_grad():
             for lin, wrg, brg in saved:
-                lin.weight = nn.Parameter(lin.weight.detach().clone(), requires_grad=wrg)
+                lin.weight = own(lin.weight, wrg)
                 if brg is not None:
-                    lin.bias = nn.Parameter(lin.bias.detach().clone(), requires_grad=brg)
+                    lin.bias = own(lin.bias, brg)
 
     handle.on_undo(unmerge)
     return w, b
