@@ -51,6 +51,8 @@ void swiglu_mlp(const TensorView& x, const TensorView& w_gate, const TensorView&
                 const TensorView& out, const SwigluMlpBiases& biases = {}, const SwigluOptions& options = {},
                 Executor* executor = nullptr);
 bool blas_available();
+// The exp the CPU vector paths use: "sleef-u10" (torch's), or "glibc" when built without Sleef.
+const char* swiglu_exp_library();
 
 namespace reference {
 // Golden: torch's ops one by one on materialized fp32 intermediates (float(gate), -g, exp, 1 + e,

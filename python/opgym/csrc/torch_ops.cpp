@@ -296,7 +296,8 @@ int64_t parallel_probe(int64_t n) {
 TORCH_LIBRARY_FRAGMENT(opgym, m) {
   m.def("build_info() -> str", []() -> std::string {
     return std::string("opgym ") + opgym::kVersion + "; cpu isa " + opgym::isa_name(opgym::active_cpu_isa()) +
-           "; cpu features: " + opgym::cpu_features() + "; cuda operators: " + (OPGYM_EXT_CUDA ? "yes" : "no");
+           "; cpu features: " + opgym::cpu_features() + "; swiglu exp: " + opgym::swiglu_exp_library() +
+           "; cuda operators: " + (OPGYM_EXT_CUDA ? "yes" : "no");
   });
 }
 

@@ -9,8 +9,6 @@
 // Op by op on materialized fp32 arrays: g = float(gate), n = -g, e = exp(n), d = 1 + e, s = g / d,
 // s rounded to the dtype, p = s * float(up), p rounded. The exp per element follows the header's rule
 // for the active CPU path, from its own copy of torch's chunk arithmetic (not the kernel's).
-#include <sleef.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -23,7 +21,9 @@
 // Sleef's scalar u10 expf built for FMA hardware: the same algorithm and bits as its AVX2/AVX-512
 // vector variants (the tests compare them on every path). sleef.h declares it only under
 // FP_FAST_FMA (-mfma), which this file is not compiled with: it runs only where AVX2 (with FMA) is.
+#if OPGYM_HAVE_SLEEF
 extern "C" float Sleef_expf1_u10purecfma(float);
+#endif
 
 namespace opgym::reference {
 
@@ -73,7 +73,11 @@ void swiglu_basic_ops(const TensorView& gate, const TensorView& up, const Tensor
     for (int64_t j = 0; j < D; ++j) {
       // 16-bit dtypes: the two exps round to the same silu (tested exhaustively), Sleef's is used.
       const bool libm = step == 0 || (t == DType::float32 && torch_libm_at(r * D + j, n, opt.torch_threads, step));
+#if OPGYM_HAVE_SLEEF
       e[j] = libm ? std::exp(neg[j]) : Sleef_expf1_u10purecfma(neg[j]);
+#else
+      e[j] = std::exp(neg[j]);  // built without Sleef: every path uses glibc's expf
+#endif
     }
     for (int64_t j = 0; j < D; ++j) d[j] = 1.0f + e[j];
     for (int64_t j = 0; j < D; ++j) s[j] = round_to(t, g[j] / d[j]);

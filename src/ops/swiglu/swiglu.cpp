@@ -137,6 +137,8 @@ void swiglu(const TensorView& gate, const TensorView& up, const TensorView& out,
   ex.parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) { fn(job, b0 * rb, std::min(job.rows, b1 * rb)); });
 }
 
+const char* swiglu_exp_library() { return OPGYM_HAVE_SLEEF ? "sleef-u10" : "glibc"; }
+
 void swiglu_merged(const TensorView& gate_up, const TensorView& out, const SwigluOptions& opt, Executor* executor) {
   TensorView gate, up;
   detail::split_gate_up(gate_up, out, gate, up);
