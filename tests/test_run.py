@@ -18,6 +18,10 @@ import pytest
 
 TINY = ["--testing-tiny", "--text-layers", "1", "--vision-blocks", "1", "--page-size", "112x112",
         "--max-new-tokens", "4", "--repeats", "1", "--warmup", "1", "--no-progress"]
+# The runs that are not about threads force one: the tiny model's ops are too small to gain from a
+# second thread, and on a loaded 2-core machine that thread waits for a core (a tiny run took 19 s
+# with torch's default of 2 against 11 s with 1 while a build ran beside it). tiny_report keeps the default.
+ONE_THREAD = ["--threads", "1"]
 
 # Runs opgym.run exactly as the CLI does (add_arguments + main), in a fresh interpreter.
 _RUNNER = ("import argparse, sys; from opgym import run; p = argparse.ArgumentParser(prog='opgym run'); "
@@ -149,13 +153,97 @@ def test_env_switch_off_gives_identical_logits(tmp_path):
     OPGYM_ADD_RMS_NORM=0, OPGYM_ROTARY=0, OPGYM_SWIGLU=0) the
     patched model runs HF's own forward, every call is a fallback and the logits are bit-identical."""
     out = tmp_path / "r.json"
-    r = opgym_run(*TINY, "--report", str(out), env={"OPGYM_RMS_NORM": "0", "OPGYM_ADD_RMS_NORM": "0",
+    r = opgym_run(*TINY, *ONE_THREAD, "--report", str(out), env={"OPGYM_RMS_NORM": "0", "OPGYM_ADD_RMS_NORM": "0",
                                                                  "OPGYM_ROTARY": "0", "OPGYM_SWIGLU": "0"})
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(out.read_text())
     assert rep["calls"]["fused"] == 0 and rep["calls"]["fallback"] > 0
     assert rep["agreement"]["logits_max_abs_diff"] == 0.0
     assert rep["agreement"]["tokens_identical"] is True
+
+
+def _torch_default_threads() -> int:
+    """torch's intra-op thread count in a fresh interpreter with this environment: what a user's run gets."""
+    r = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                       capture_output=True, text=True, timeout=120, check=True)
+    return int(r.stdout.strip())
+
+
+def test_default_threads_are_torchs_and_reported(tiny_report):
+    """Without --threads the run uses torch's own default (not a forced 1) and says so, in the JSON
+    and in the printed header."""
+    rep, r = tiny_report
+    n = _torch_default_threads()
+    assert rep["environment"]["threads"] == n
+    assert rep["environment"]["threads_source"] == "torch's default"
+    assert f"{n} torch thread{'' if n == 1 else 's'} (torch's default)" in r.stdout
+    assert "ablation" not in rep and "ablation:" not in r.stdout  # the plain run has no ablation
+
+
+# --ablation: 2 runs per variant, so that every spread is over more than one run; 2 new tokens are
+# the fewest that give a decode rate.
+ABLATION = [a if a not in ("4",) else "2" for a in TINY]
+ABLATION[ABLATION.index("--repeats") + 1] = "2"
+
+
+@pytest.fixture(scope="module")
+def ablation_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ablation") / "report.json"
+    r = opgym_run(*ABLATION, *ONE_THREAD, "--ablation", "--report", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(out.read_text()), r, out
+
+
+def test_ablation_one_variant_per_op_and_all(ablation_report):
+    from opgym.patch import SUPPORTED_OPS
+
+    rep, r, _ = ablation_report
+    ab = rep["ablation"]
+    assert list(ab["variants"]) == [*SUPPORTED_OPS, "all"]
+    assert rep["config"]["ops"] == list(SUPPORTED_OPS) and rep["config"]["ablation"] is True
+    # the baseline runs once next to each variant in each of the 2 rounds
+    assert len(ab["baseline"]["prefill_ms_runs"]) == 2 * (len(SUPPORTED_OPS) + 1)
+    for name, e in [("baseline", ab["baseline"]), *ab["variants"].items()]:
+        for key in ("prefill_ms", "decode_tokens_per_s"):
+            assert 0 < e[key + "_min"] <= e[key] <= e[key + "_max"], (name, key, e)
+            assert e[key + "_min"] == min(e[key + "_runs"]) and e[key + "_max"] == max(e[key + "_runs"])
+    base = ab["baseline"]
+    for name, e in ab["variants"].items():
+        assert e["ops"] == ([name] if name != "all" else list(SUPPORTED_OPS))
+        assert len(e["prefill_ms_runs"]) == 2 and len(e["decode_tokens_per_s_runs"]) == 2
+        assert e["prefill_change_pct"] == pytest.approx((e["prefill_ms"] / base["prefill_ms"] - 1) * 100)
+        assert e["decode_change_pct"] == pytest.approx(
+            (e["decode_tokens_per_s"] / base["decode_tokens_per_s"] - 1) * 100)
+        # the variant really ran its own op(s), fused, and only those
+        assert set(e["calls"]["per_op"]) == set(e["ops"]), (name, e["calls"])
+        assert all(c["fused"] > 0 and c["fallback"] == 0 for c in e["calls"]["per_op"].values()), (name, e["calls"])
+        # every op is bit-exact on the CPU, alone and together
+        assert e["logits_identical"] is True and e["logits_elements_differing"] == 0, (name, e)
+        assert e["tokens_identical"] is True, name
+    # the all-ops variant is the report's opgym side
+    assert ab["variants"]["all"]["prefill_ms"] == rep["opgym"]["prefill_ms"]
+    assert "ablation: each op alone and all" in r.stdout
+    for op in SUPPORTED_OPS:
+        assert f"│ {op} " in r.stdout, op
+
+
+def test_ablation_writes_a_png_next_to_the_report(ablation_report):
+    rep, r, out = ablation_report
+    png = out.with_suffix(".png")
+    assert rep["ablation"]["plot"] == str(png)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert data[12:16] == b"IHDR"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width > 500 and height > 300, (width, height)
+    assert f"chart: {png}" in r.stdout
+
+
+def test_threads_forced_to_one(ablation_report):
+    rep, r, _ = ablation_report
+    assert rep["environment"]["threads"] == 1
+    assert rep["environment"]["threads_source"] == "--threads 1"
+    assert "1 torch thread (--threads 1)" in r.stdout
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +265,7 @@ def test_saved_checkpoint_loads_through_model(saved_checkpoint, tmp_path):
     out = tmp_path / "r.json"
     args = [a for a in TINY if a not in ("--testing-tiny",)]
     args = args[:args.index("--text-layers")] + args[args.index("--page-size"):]  # depth comes from the checkpoint
-    r = opgym_run("--model", str(saved_checkpoint), *args, "--report", str(out))
+    r = opgym_run("--model", str(saved_checkpoint), *args, *ONE_THREAD, "--report", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(out.read_text())
     assert rep["config"]["model"] == str(saved_checkpoint.resolve())
@@ -272,6 +360,14 @@ def test_missing_image(tmp_path, run_inproc):
     _assert_one_line_error(run_inproc(*TINY, "--image", str(tmp_path / "none.png")), "none.png")
 
 
+def test_plot_without_ablation(tmp_path, run_inproc):
+    _assert_one_line_error(run_inproc(*TINY, "--plot", str(tmp_path / "a.png")), "--plot", "--ablation")
+
+
+def test_ablation_of_one_op(run_inproc):
+    _assert_one_line_error(run_inproc(*TINY, "--ablation", "--ops", "rms_norm"), "--ablation", "one op")
+
+
 def _tiny_tokenizer(directory):
     """A word-level tokenizer with Qwen2.5-VL's special tokens at their real ids, saved to directory
     (no download: built from scratch with the tokenizers library)."""
@@ -297,7 +393,8 @@ def test_checkpoint_with_tokenizer_uses_it(saved_checkpoint, tmp_path):
     _tiny_tokenizer(ckpt)
     out = tmp_path / "r.json"
     args = ["--page-size", "112x112", "--max-new-tokens", "4", "--repeats", "1", "--no-progress"]
-    r = opgym_run("--model", str(ckpt), *args, "--prompt", "read all the text on this page", "--report", str(out))
+    r = opgym_run("--model", str(ckpt), *args, *ONE_THREAD, "--prompt", "read all the text on this page",
+                  "--report", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(out.read_text())
     assert rep["config"]["text_input"].startswith("checkpoint tokenizer")

@@ -26,6 +26,12 @@ the same way:
 The timed rounds alternate the sides (baseline-opgym, opgym-baseline, ...) so that both see the same
 machine; under --compile the sides run one after the other instead.
 
+--ablation adds one patched side per op alone (opgym.patch(model, ops=(op,))); each round then runs
+every variant next to a baseline run, alternating as above, and the report gets an "ablation" section
+(medians, min..max, change vs the baseline, bit-identical logits and tokens) and a PNG bar chart.
+
+Threads: torch's default (what a user's run gets) unless --threads N forces N; the report says which.
+
 Bad input (a missing or malformed --model, an image that cannot be read, a checkpoint that is not
 Qwen2.5-VL, cuda without CUDA) ends with one line naming the problem and exit code 2.
 """
@@ -56,7 +62,8 @@ DEFAULT_MAX_NEW_TOKENS = 16
 DEFAULT_PAGE = (448, 448)
 DEFAULT_WARMUP = 1
 DEFAULT_REPEATS = 3
-DEFAULT_THREADS = 1
+# Threads: torch's own default unless --threads says otherwise, so that a run measures what a user's
+# run of the model gets (on the 2-core CI machine: 2).
 
 RMS_LABEL = "opgym_run::rms_norm"
 FWD_LABEL = "opgym_run::forward"
@@ -106,10 +113,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     g.add_argument("--ops", default="all",
                    help="fused ops to apply, comma-separated, or 'all' (default %(default)s: every op opgym.patch has)")
-    g.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="N",
-                   help="torch intra-op threads (default %(default)s; 0 = torch's default, one per core). One thread "
-                        "because on a shared 2-vCPU machine two-thread runs swing several-fold with the neighbours' "
-                        "load (see docs/RUN.md); every thread count compares the same way")
+    g.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch intra-op threads (default: torch's own default, what a user's run gets, normally one "
+                        "per core; 0 = the same). --threads 1 forces one thread, steadier on a shared machine where "
+                        "multi-thread runs swing with the neighbours' load (see docs/RUN.md); both sides always use "
+                        "the same count, and the report says which")
+    g.add_argument("--ablation", action="store_true",
+                   help="also measure each fused op alone and all of them together, each against the baseline in "
+                        "the same alternating rounds; adds a table, the JSON key 'ablation' and a PNG (see --plot)")
+    g.add_argument("--plot", metavar="FILE",
+                   help="where --ablation writes its bar chart (PNG; default: the --report path with suffix .png)")
     g.add_argument("--report", metavar="FILE", help="write the full report as JSON")
     g.add_argument("--no-progress", action="store_true", help="no progress display")
     g.add_argument("--testing-tiny", action="store_true", help=argparse.SUPPRESS)
@@ -553,13 +566,16 @@ class _Switch:
             self.current = side
 
 
-def _measure(model, inputs, args, device, progress, base, opt, mem) -> None:
-    """Warm-up, timed prefill and generate, profile, for both sides.
+def _measure(model, inputs, args, device, progress, base, variants, mem, profiled_sides=None) -> None:
+    """Warm-up, timed prefill and generate, profile, for the baseline and each variant (the opgym side;
+    under --ablation also one side per op alone, the all-ops side last).
 
-    Eager mode interleaves the sides: round r runs baseline then opgym (r even) or opgym then baseline
-    (r odd), one prefill and one generate each, so that both see the same machine (other processes,
-    thermal state, allocator) and switching is one patch/undo (milliseconds). Under --compile the
-    sides run one after the other (switching would recompile)."""
+    Eager mode interleaves the sides: round r runs, for each variant, baseline then variant (r even)
+    or variant then baseline (r odd), one prefill and one generate each, so that every variant is timed
+    next to a baseline run on the same machine (other processes, thermal state, allocator) and switching
+    is one patch/undo (milliseconds); with one variant that is the plain A/B. The baseline thus runs
+    once per variant and round. Under --compile the sides run one after the other (switching would
+    recompile). Only the sides in `profiled_sides` (default: all) get the profiled prefill and op counts."""
     import torch
 
     sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
@@ -661,26 +677,30 @@ def _measure(model, inputs, args, device, progress, base, opt, mem) -> None:
         out["decode_top_level_ops"] = _decode_op_counts(model, inputs, sync)
         progress.done()
 
+    sides = (base, *variants)
+    to_profile = sides if profiled_sides is None else tuple(s for s in sides if s in profiled_sides)
     try:
         with torch.inference_mode():
             if args.compile:
-                for side in (base, opt):
+                for side in sides:
                     sw.to(side)
                     for i in range(args.warmup):
                         warmup(side, i)
                     for r in range(args.repeats):
                         timed(side, r)
-                    profiled(side)
+                    if side in to_profile:
+                        profiled(side)
             else:
-                for side in (base, opt):
+                for side in sides:
                     sw.to(side)
                     for i in range(args.warmup):
                         warmup(side, i)
                 for r in range(args.repeats):
-                    for side in ((base, opt) if r % 2 == 0 else (opt, base)):
-                        sw.to(side)
-                        timed(side, r)
-                for side in (base, opt):
+                    for v in variants:
+                        for side in ((base, v) if r % 2 == 0 else (v, base)):
+                            sw.to(side)
+                            timed(side, r)
+                for side in to_profile:
                     sw.to(side)
                     profiled(side)
     finally:
@@ -774,6 +794,67 @@ def _agreement(base_logits, opt_logits, base_tokens, opt_tokens) -> dict:
     }
 
 
+def _spread_entry(side) -> dict:
+    """Median and the run-to-run spread (min, max over the repeats) of a side's prefill and decode."""
+    p, d = side.prefill_ms, side.rates
+    return {
+        "prefill_ms": _median(p),
+        "prefill_ms_min": min(p) if p else None,
+        "prefill_ms_max": max(p) if p else None,
+        "prefill_ms_runs": list(p),
+        "decode_tokens_per_s": _median(d),
+        "decode_tokens_per_s_min": min(d) if d else None,
+        "decode_tokens_per_s_max": max(d) if d else None,
+        "decode_tokens_per_s_runs": list(d),
+    }
+
+
+def _pct(b, v):
+    return (v - b) / abs(b) * 100 if b not in (None, 0) and v is not None else None
+
+
+def _bit_differing(a, b) -> int | None:
+    """Elements whose bits differ (fp32 copies of the logits, so of the model's own bits too: widening
+    is exact); None when the shapes differ."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return None
+    return int((a.contiguous().view(torch.int32) != b.contiguous().view(torch.int32)).sum().item())
+
+
+def _ablation(base, singles, opt, base_logits, opt_logits) -> dict:
+    """The --ablation section: the baseline and each variant (each op alone, then all) with medians,
+    spreads, change vs the baseline's median, and whether its prefill logits and greedy tokens are
+    the baseline's bit for bit. Each single side's stashed logits are loaded (and dropped) in turn."""
+    b = _spread_entry(base)
+    variants = {}
+    for side in (*singles, opt):
+        key = side.ops[0] if side is not opt else "all"
+        logits = side.logits.load() if side is not opt else opt_logits
+        differing = _bit_differing(base_logits, logits)
+        del logits
+        e = {"ops": list(side.ops), **_spread_entry(side)}
+        e["prefill_change_pct"] = _pct(b["prefill_ms"], e["prefill_ms"])
+        e["decode_change_pct"] = _pct(b["decode_tokens_per_s"], e["decode_tokens_per_s"])
+        e["logits_identical"] = differing == 0
+        e["logits_elements_differing"] = differing
+        e["tokens_identical"] = side.tokens == base.tokens
+        c = side.counts
+        e["calls"] = {"fused": c["fused"] if c["have"] else None, "fallback": c["fallback"] if c["have"] else None,
+                      "per_op": {op: {"fused": v["fused"], "fallback": v["fallback"]} for op, v in c["ops"].items()}}
+        variants[key] = e
+    return {
+        "baseline": b,
+        "variants": variants,
+        "measured_as": ("one run: each variant is opgym.patch(model, ops=its ops); in each timed round every "
+                        "variant runs next to a baseline run (baseline first in even rounds, variant first in odd "
+                        "ones), so the baseline has repeats x variants runs; change_pct = (variant median - "
+                        "baseline median) / baseline median; logits: the warm-up's full-logits prefill, every "
+                        "position, compared bit for bit; tokens: the timed greedy generates"),
+    }
+
+
 # ----------------------------------------------------------------------------------------- main
 def _parse_page(s: str):
     try:
@@ -826,10 +907,12 @@ def _main(args) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: this torch has no CUDA device available")
-    if args.threads < 0:
+    if args.threads is not None and args.threads < 0:
         raise UsageError("--threads must be >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.plot and not args.ablation:
+        raise UsageError("--plot is the chart of --ablation; add --ablation")
     opgym = _opgym()
     supported = getattr(sys.modules.get("opgym.patch"), "SUPPORTED_OPS", None)
     if all_ops:
@@ -837,9 +920,12 @@ def _main(args) -> int:
     unknown = [o for o in ops if supported is not None and o not in supported]
     if unknown:
         raise UsageError(f"--ops: unknown op(s) {', '.join(unknown)}; this opgym supports {', '.join(supported)}")
+    if args.ablation and len(ops) < 2:
+        raise UsageError(f"--ablation compares each op alone with all of them: --ops {args.ops} names one op")
     dtype = getattr(torch, args.dtype)
 
-    steps = 2 + 2 * (args.warmup + 2 * args.repeats + 1) + 2
+    n_var = len(ops) + 1 if args.ablation else 1  # the all-ops side, plus each op alone under --ablation
+    steps = 2 + (n_var + 1) * args.warmup + 4 * n_var * args.repeats + 2 + 2
     progress = Progress(steps, enabled=not args.no_progress)
     try:
         return _run(args, M, opgym, ops, page, image, dtype, progress)
@@ -923,6 +1009,7 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
         "device": device,
         "compile": bool(args.compile),
         "ops": list(ops),
+        "ablation": bool(args.ablation),
         "seed": args.seed,
         "image": image_desc,
         "image_grid_thw": inputs["image_grid_thw"][0].tolist(),
@@ -938,9 +1025,9 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
         "build_s": build_s,
     })
 
-    # --- the two sides on one model: the baseline as built/loaded; opgym = patched (undone after)
-    counts = {"fused": 0, "fallback": 0, "have": False, "ops": {}}
-    state = {"handle": None, "patch_ms": None}
+    # --- the sides on one model: the baseline as built/loaded; opgym = patched (undone after), and
+    # under --ablation one more patched side per op alone
+    state = {"patch_ms": None}
 
     def compile_on():
         if args.compile:
@@ -953,39 +1040,51 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
                 del model.forward  # back to the class's forward
             torch._dynamo.reset()
 
-    def opt_on():
-        t0 = time.perf_counter()
-        try:
-            h = opgym.patch(model, ops=ops)
-        except (ValueError, KeyError) as e:
-            raise UsageError(f"--ops {args.ops}: {e}") from None
-        if state["patch_ms"] is None:
-            state["patch_ms"] = (time.perf_counter() - t0) * 1e3
-        _reset_counts(None, h)
-        state["handle"] = h
-        compile_on()
+    def patched_side(name: str, side_ops: tuple, timed_patch: bool) -> _Side:
+        """A side whose on() is opgym.patch(model, ops=side_ops) and off() the undo; the patch handle's
+        call counters are summed into side.counts at each undo."""
+        handle = [None]
+        counts = {"fused": 0, "fallback": 0, "have": False, "ops": {}}
 
-    def opt_off():
-        h, state["handle"] = state["handle"], None
-        compile_off()
-        c = _counts(None, h)
-        if c is not None:
-            counts["fused"] += c["fused"]
-            counts["fallback"] += c["fallback"]
-            counts["have"] = True
-        with contextlib.suppress(Exception):
-            for op, st in h.stats().get("ops", {}).items():
-                acc = counts["ops"].setdefault(op, {"fused": 0, "fallback": 0, "reasons": {}})
-                acc["fused"] += st["fused"]
-                acc["fallback"] += st["fallback"]
-                for r, n in st["reasons"].items():
-                    acc["reasons"][r] = acc["reasons"].get(r, 0) + n
-        h.undo()
+        def on():
+            t0 = time.perf_counter()
+            try:
+                h = opgym.patch(model, ops=side_ops)
+            except (ValueError, KeyError) as e:
+                raise UsageError(f"--ops {args.ops}: {e}") from None
+            if timed_patch and state["patch_ms"] is None:
+                state["patch_ms"] = (time.perf_counter() - t0) * 1e3
+            _reset_counts(None, h)
+            handle[0] = h
+            compile_on()
+
+        def off():
+            h, handle[0] = handle[0], None
+            compile_off()
+            c = _counts(None, h)
+            if c is not None:
+                counts["fused"] += c["fused"]
+                counts["fallback"] += c["fallback"]
+                counts["have"] = True
+            with contextlib.suppress(Exception):
+                for op, st in h.stats().get("ops", {}).items():
+                    acc = counts["ops"].setdefault(op, {"fused": 0, "fallback": 0, "reasons": {}})
+                    acc["fused"] += st["fused"]
+                    acc["fallback"] += st["fallback"]
+                    for r, n in st["reasons"].items():
+                        acc["reasons"][r] = acc["reasons"].get(r, 0) + n
+            h.undo()
+
+        side = _Side(name, on, off)
+        side.ops, side.counts = tuple(side_ops), counts
+        return side
 
     base = _Side("baseline", compile_on, compile_off)
-    opt = _Side("opgym", opt_on, opt_off)
+    opt = patched_side("opgym", ops, True)
+    singles = [patched_side(f"opgym {op} only", (op,), False) for op in ops] if args.ablation else []
+    counts = opt.counts
     mem = PeakMemory(device)
-    _measure(model, inputs, args, device, progress, base, opt, mem)
+    _measure(model, inputs, args, device, progress, base, [*singles, opt], mem, profiled_sides=(base, opt))
 
     progress.step("opgym: each RMSNorm output against HF's on the same input (one prefill, uncompiled)")
     h = opgym.patch(model, ops=ops)
@@ -1017,13 +1116,17 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
                            for op, v in counts["ops"].items()}
 
     progress.step("comparing outputs")
-    agreement = _agreement(base.logits.load(), opt.logits.load(), base.tokens, opt.tokens)
+    base_logits, opt_logits = base.logits.load(), opt.logits.load()
+    agreement = _agreement(base_logits, opt_logits, base.tokens, opt.tokens)
     agreement["rms_norm_outputs"] = exactness
+    ablation = _ablation(base, singles, opt, base_logits, opt_logits) if args.ablation else None
+    del base_logits, opt_logits
     progress.done()
     progress.close()
 
     env = _environment(device)
     env["threads"] = torch.get_num_threads()
+    env["threads_source"] = f"--threads {args.threads}" if args.threads else "torch's default"
     report = {
         "config": config_out,
         "environment": env,
@@ -1032,13 +1135,25 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
         "agreement": agreement,
         "calls": calls,
     }
+    if ablation is not None:
+        plot = args.plot or (str(Path(args.report).with_suffix(".png")) if args.report else None)
+        ablation["plot"] = plot
+        report["ablation"] = ablation
     _print_report(report)
+    if ablation is not None:
+        _print_ablation(report)
     if args.report:
         try:
             Path(args.report).parent.mkdir(parents=True, exist_ok=True)
             Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
         except OSError as e:
             raise UsageError(f"--report {args.report}: cannot write ({e.strerror})") from None
+    if ablation is not None and ablation["plot"]:
+        try:
+            Path(ablation["plot"]).parent.mkdir(parents=True, exist_ok=True)
+            _plot_ablation(report, ablation["plot"])
+        except OSError as e:
+            raise UsageError(f"--plot {ablation['plot']}: cannot write ({e.strerror})") from None
     return 0
 
 
@@ -1063,6 +1178,11 @@ def _change(b, o, higher_is_better: bool):
     return f"[{color}]{pct:+.1f}% ({word})[/{color}]"
 
 
+def _threads_text(env: dict) -> str:
+    n = env["threads"]
+    return f"{n} torch thread{'' if n == 1 else 's'} ({env.get('threads_source', 'torch default')})"
+
+
 def _print_report(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -1075,9 +1195,11 @@ def _print_report(r: dict) -> None:
             f"ops {','.join(cfg['ops'])}")
     c.print(f"  input: {cfg['image']} -> grid {cfg['image_grid_thw']} ({cfg['vision_patches']} patches), "
             f"{cfg['prompt_tokens']} prompt tokens ({cfg['image_tokens']} image); {cfg['max_new_tokens']} greedy tokens; "
-            f"warm-up {cfg['warmup']}, medians of {cfg['repeats']}")
+            f"warm-up {cfg['warmup']}, medians of {cfg['repeats']}"
+            + (f" (the baseline's of {len(b['prefill_ms_runs'])}: it runs next to every --ablation variant)"
+               if cfg.get("ablation") else ""))
     c.print(f"  opgym {env.get('opgym')}, torch {env['torch']}, transformers {env['transformers']}; "
-            f"{env['cpu']}, isa {env.get('isa') or 'unknown'}, {env['threads']} threads")
+            f"{env['cpu']}, isa {env.get('isa') or 'unknown'}; {_threads_text(env)}", soft_wrap=True)
     t = Table(title="baseline (HF, " + ("torch.compile" if cfg["compile"] else "eager PyTorch") + f", attn {cfg['attn_implementation']}) vs opgym")
     t.add_column("metric")
     t.add_column("baseline", justify="right")
@@ -1148,3 +1270,105 @@ def _print_report(r: dict) -> None:
         a.add_row(f"  {op} fused / fallback", f"{v['fused']} / {v['fallback']}" + (f" ({why})" if why else "")
                   + f"  (off: {v['switch']})")
     c.print(a)
+
+
+def _variant_rows(ab: dict):
+    """(name, entry) for the baseline, each op alone, then all: the order of the table and the chart."""
+    yield "baseline", ab["baseline"]
+    yield from ab["variants"].items()
+
+
+def _pct_cell(b, v, higher_is_better: bool) -> str:
+    """A compact change cell for the ablation table (narrower than _change's, so that the table fits 120
+    columns): the sign says the direction, the colour whether that is good (the title says which way is)."""
+    pct = _pct(b, v)
+    if pct is None:
+        return "n/a"
+    if abs(pct) < 0.05:
+        return "0.0%"
+    color = "green" if (pct > 0) == higher_is_better else "red"
+    return f"[{color}]{pct:+.1f}%[/{color}]"
+
+
+def _print_ablation(r: dict) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    c = Console() if sys.stdout.isatty() else Console(width=120)
+    ab, cfg = r["ablation"], r["config"]
+    n_base = len(ab["baseline"]["prefill_ms_runs"])
+    t = Table(title=f"ablation: each op alone and all ({'+'.join(ab['variants']['all']['ops'])}) against the baseline; "
+                    f"median and min-max of {cfg['repeats']} runs per variant, {n_base} baseline runs interleaved "
+                    f"with them; change vs the baseline's median (prefill: - is better, decode: + is better)")
+    t.add_column("ops", no_wrap=True)
+    t.add_column("prefill ms", justify="right", no_wrap=True)
+    t.add_column("min-max", justify="right", no_wrap=True)
+    t.add_column("change", justify="right", no_wrap=True)
+    t.add_column(f"decode tok/s ({cfg['max_new_tokens']} tok)", justify="right")
+    t.add_column("min-max", justify="right", no_wrap=True)
+    t.add_column("change", justify="right", no_wrap=True)
+    t.add_column("logits / tokens identical", justify="right")
+    t.add_column("fused / fallback", justify="right")
+
+    def cells(e, key, nd):
+        return _fmt(e[key], nd), f"{_fmt(e[key + '_min'], nd)}-{_fmt(e[key + '_max'], nd)}"
+
+    def yes(flag, detail=""):
+        return "[green]yes[/green]" if flag else f"[red]no[/red]{escape(detail)}"
+
+    b = ab["baseline"]
+    for name, e in _variant_rows(ab):
+        if e is b:
+            t.add_row("baseline", *cells(e, "prefill_ms", 1), "", *cells(e, "decode_tokens_per_s", 2), "", "", "")
+            continue
+        diff = e["logits_elements_differing"]
+        t.add_row(name, *cells(e, "prefill_ms", 1), _pct_cell(b["prefill_ms"], e["prefill_ms"], False),
+                  *cells(e, "decode_tokens_per_s", 2),
+                  _pct_cell(b["decode_tokens_per_s"], e["decode_tokens_per_s"], True),
+                  yes(e["logits_identical"], f" ({_fmt(diff)} differ)" if diff is not None else "") + " / "
+                  + yes(e["tokens_identical"]), f"{_fmt(e['calls']['fused'])} / {_fmt(e['calls']['fallback'])}")
+    c.print(t)
+    c.print(f"  chart: {ab['plot']}" if ab.get("plot") else "  chart: none (give --report or --plot)")
+
+
+def _plot_ablation(r: dict, path: str) -> None:
+    """Bars per variant (baseline, each op alone, all) for prefill ms and decode tokens/s; the error
+    bars span the runs (min..max), so that a difference inside them reads as the noise it is."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ab, cfg, env = r["ablation"], r["config"], r["environment"]
+    rows = list(_variant_rows(ab))
+    labels = ["baseline\n(HF)" if k == "baseline" else f"{k}\nalone" if k != "all" else f"all\n({len(e['ops'])} ops)"
+              for k, e in rows]
+    colors = ["0.6"] + ["tab:blue"] * (len(rows) - 2) + ["tab:orange"]
+    fig, axes = plt.subplots(1, 2, figsize=(max(10, 2.2 * len(rows)), 5))
+    for ax, key, title in ((axes[0], "prefill_ms", "prefill (ms, lower is better)"),
+                           (axes[1], "decode_tokens_per_s",
+                            f"decode (tokens/s, {cfg['max_new_tokens']} greedy; higher is better)")):
+        med = [e[key] or 0.0 for _, e in rows]
+        lo = [max(0.0, m - (e[key + "_min"] if e[key + "_min"] is not None else m)) for m, (_, e) in zip(med, rows)]
+        hi = [max(0.0, (e[key + "_max"] if e[key + "_max"] is not None else m) - m) for m, (_, e) in zip(med, rows)]
+        x = range(len(rows))
+        ax.bar(x, med, color=colors, yerr=[lo, hi], capsize=5)
+        base_m = ab["baseline"][key]
+        for i, (m, (_, e)) in enumerate(zip(med, rows)):
+            text = f"{m:,.1f}" if key == "prefill_ms" else f"{m:.2f}"
+            pct = None if e is ab["baseline"] else _pct(base_m, e[key])
+            if pct is not None:
+                text += f"\n{pct:+.1f}%"
+            ax.annotate(text, (i, m + hi[i]), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+        ax.set_xticks(list(x), labels, fontsize=8)
+        ax.margins(y=0.15)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"opgym run --ablation: median of {cfg['repeats']} runs per variant, error bars min..max "
+                 f"(baseline {len(ab['baseline']['prefill_ms_runs'])} runs)\n"
+                 f"{cfg['text_layers']} text layers / {cfg['vision_blocks']} vision blocks, {cfg['dtype']}, "
+                 f"{cfg['device']}, {_threads_text(env)}; {env['cpu']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
