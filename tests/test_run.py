@@ -246,6 +246,22 @@ def test_threads_forced_to_one(ablation_report):
     assert "1 torch thread (--threads 1)" in r.stdout
 
 
+def test_two_text_layers(tmp_path):
+    """The tiny runs above have one text layer; with two, a layer hands its output to the next (the
+    cross-layer add_rms_norm path), as in every real model. The run must finish, fused, with HF's logits
+    and tokens bit for bit (this caught the path failing under torch.inference_mode)."""
+    out = tmp_path / "r.json"
+    args = list(TINY)
+    args[args.index("--text-layers") + 1] = "2"
+    r = opgym_run(*args, *ONE_THREAD, "--report", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    assert rep["config"]["text_layers"] == 2
+    assert rep["calls"]["fused"] > 0 and rep["calls"]["fallback"] == 0, rep["calls"]
+    assert rep["agreement"]["logits_elements_differing"] == 0
+    assert rep["agreement"]["tokens_identical"] is True
+
+
 @pytest.fixture(scope="module")
 def saved_checkpoint(tmp_path_factory):
     """The tiny model saved with save_pretrained (safetensors, config.json), no tokenizer."""
