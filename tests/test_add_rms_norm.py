@@ -341,6 +341,16 @@ def test_mlp_add_fused_with_the_next_layers_norm_only_on_the_very_tensor():
         h = model.model.layers[2].register_forward_pre_hook(bump, with_kwargs=True)
         assert torch.equal(got, model(ids).logits)  # HF with the same hook
         h.remove()
+    # inference_mode: no version counters; the stash is still taken (no hooks), and still refused
+    # when a pre-hook could edit the tensor
+    with opgym.patch(model, ops=("rms_norm", "add_rms_norm")) as handle, torch.inference_mode():
+        assert torch.equal(model(ids).logits, ref)
+        assert handle.stats()["ops"]["add_rms_norm"]["fused"] == 7 and handle.stats()["ops"]["rms_norm"]["fused"] == 10
+        h = model.model.layers[2].register_forward_pre_hook(bump, with_kwargs=True)
+        handle.reset_stats()
+        assert torch.equal(model(ids).logits, got)
+        assert handle.stats()["ops"]["rms_norm"]["fused"] == 11
+        h.remove()
 
 
 def test_fallback_when_grad_needed_or_dtype_unsupported():

@@ -21,8 +21,9 @@ Across layers (decoder layers only): the MLP's residual add at the end of layer 
 input_layernorm are one add_rms_norm call too, when layer i + 1 is the next entry of the same
 ModuleList and is fused itself. Layer i returns the sum (what HF returns) and leaves the normed sum
 in a stash shared by the list; layer i + 1 takes it instead of calling its input_layernorm only if
-its hidden_states is that very tensor, unmodified since (the same object and version counter);
-anything else runs the norm as HF does. The last layer's add (before the model's final norm) stays
+its hidden_states is that very tensor, unmodified since (the same object and version counter; under
+torch.inference_mode, which has no version counters, no forward hook on layer i, no forward pre-hook
+on layer i + 1 and no global module hook); anything else runs the norm as HF does. The last layer's add (before the model's final norm) stays
 HF's. Under torch.compile the stash is not used (each layer adds and norms on its own).
 """
 from __future__ import annotations
@@ -118,35 +119,52 @@ def _make_add_norm(norm: nn.Module, counters, devices):
 
 
 class _Stash:
-    """The normed sum a decoder layer leaves for the next one (see the module docstring)."""
+    """The normed sum a decoder layer leaves for the next one (see the module docstring).
+
+    The next layer takes it only for the very tensor stashed, unmodified: the same object, and the
+    same version counter where the tensor has one. Inference tensors (torch.inference_mode) have no
+    version counter; for them, and as a second guard for all, nothing may sit between the two layers
+    that could edit the tensor: no forward hook on the producing layer, no forward pre-hook on the
+    consuming one, no global module hook."""
 
     __slots__ = ("sum", "version", "normed")
 
     def __init__(self):
         self.sum = self.normed = None
-        self.version = -1
+        self.version = None
 
     def put(self, s, normed) -> None:
-        self.sum, self.version, self.normed = s, s._version, normed
+        self.sum, self.normed = s, normed
+        self.version = None if s.is_inference() else s._version
 
-    def take(self, hidden_states):
+    def take(self, hidden_states, producer: nn.Module, consumer: nn.Module):
         """The stashed norm of hidden_states if it is the stashed sum, unmodified; else None."""
-        s, normed = self.sum, self.normed
+        s, normed, version = self.sum, self.normed, self.version
         self.sum = self.normed = None
-        if s is not None and s is hidden_states and s._version == self.version:
-            return normed
-        return None
+        if s is None or s is not hidden_states:
+            return None
+        if version is not None and s._version != version:
+            return None
+        if producer._forward_hooks or consumer._forward_pre_hooks or _global_hooks():
+            return None
+        return normed
+
+
+def _global_hooks() -> bool:
+    from torch.nn.modules import module as m
+
+    return bool(m._global_forward_hooks or m._global_forward_pre_hooks)
 
 
 def _decoder_forward(layer: nn.Module, add_norm, stash_in: _Stash | None = None, next_add_norm=None,
-                     stash_out: _Stash | None = None):
+                     stash_out: _Stash | None = None, prev_layer: nn.Module | None = None):
     # HF 5.23's Qwen2_5_VLDecoderLayer.forward, the two statements around post_attention_layernorm fused,
     # and (when the next layer is fused too) the MLP residual add with the next layer's input_layernorm.
     def forward(hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
                 position_embeddings=None, **kwargs):
         residual = hidden_states
         compiling = torch.compiler.is_compiling()
-        normed = stash_in.take(hidden_states) if stash_in is not None and not compiling else None
+        normed = stash_in.take(hidden_states, prev_layer, layer) if stash_in is not None and not compiling else None
         hidden_states = normed if normed is not None else layer.input_layernorm(hidden_states)
         hidden_states, _ = layer.self_attn(
             hidden_states=hidden_states,
@@ -243,7 +261,7 @@ def apply(model: nn.Module, handle, devices) -> None:
         next_add_norm = _make_add_norm(nl.input_layernorm, counters, devices) if chained(layer, nl) else None
         stash_out = stash_out if next_add_norm is not None else None
         handle.replace_forward(layer, "add_rms_norm", name,
-                               _decoder_forward(layer, add_norm, stash_in, next_add_norm, stash_out))
+                               _decoder_forward(layer, add_norm, stash_in, next_add_norm, stash_out, pl))
 
 
 register("add_rms_norm", ENV_SWITCH, apply)
