@@ -109,6 +109,11 @@ float lanes64_sum(const float* v, int64_t n) {
 
 void rms_norm_basic_ops(const TensorView& x, const TensorView& weight, const TensorView& out, const RmsNormOptions& opt) {
   check(x, weight, "rms_norm_basic_ops");
+  // out too: the golden writes it (an unsupported dtype was once written as fp32 past a smaller
+  // buffer: found by the fuzz target, which sizes its golden output by out's dtype).
+  detail::check_view(out, "out", "rms_norm_basic_ops");
+  if (out.rank != x.rank || !std::equal(x.shape.begin(), x.shape.begin() + x.rank, out.shape.begin()))
+    throw Error("out", "rms_norm_basic_ops: out must have the shape of x " + x.shape_str() + ", got " + out.shape_str());
   const int64_t rows = x.rows(), dim = x.last_dim(), n = rows * dim;
   if (n == 0) return;
   // cast: x32 = x.to(float32)
