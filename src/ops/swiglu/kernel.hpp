@@ -20,6 +20,9 @@ struct SwigluJob {
   // Flat [begin, end) ranges over rows * dim (row-major, as torch's contiguous [.., I] gate), sorted.
   const int64_t* libm_ranges = nullptr;
   int libm_count = 0;
+  // bf16/fp16: silu of every gate bit pattern, rounded to the dtype (65,536 entries and 2 of padding,
+  // so a 4-byte gather of the last entry stays inside).
+  const uint16_t* silu_table = nullptr;
   void row_offsets(int64_t r, int64_t& go, int64_t& uo, int64_t& oo) const {
     go = uo = oo = 0;
     for (int d = lead_rank - 1; d >= 0; --d) {
@@ -36,6 +39,10 @@ std::vector<int64_t> torch_silu_libm_ranges(int64_t n, int threads, int64_t step
 // torch's vector step for fp32 (two Vectorized<float>) on a CPU path: avx512 32, avx2 16, scalar 0
 // (no vector body: every element is libm's).
 int64_t torch_silu_fp32_step(int isa);
+
+// The table for a 16-bit dtype, built on first use (thread-safe) from g / (1 + expf(-g)) rounded to
+// the dtype; expf is glibc's, which after the rounding equals Sleef's on every input (tested).
+const uint16_t* swiglu_silu_table(DType dtype);
 
 void swiglu_rows_scalar(const SwigluJob& job, int64_t begin, int64_t end);
 void swiglu_rows_avx2(const SwigluJob& job, int64_t begin, int64_t end);

@@ -23,6 +23,20 @@ struct Exp {
 #endif
     return r;
   }
+  // The rounded silu of 64 16-bit gate values from the table: a 16-lane gather of 4 bytes at
+  // table + 2 * bits (the entry in the low half).
+  template <class T>
+  static Simd::G lookup(const uint16_t* table, const typename T::storage* p, int64_t n) {
+    Simd::G g;
+    for (int k = 0; k < Simd::kRegs; ++k) {
+      const __m256i h = n == Simd::kGroup ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k))
+                                          : _mm256_maskz_loadu_epi16(Simd::mask16(n, k), p + 16 * k);
+      const __m512i v = _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(h), table, 2);
+      if constexpr (T::dtype == DType::bfloat16) g.v[k] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      else g.v[k] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+    }
+    return g;
+  }
 };
 }  // namespace
 void swiglu_rows_avx512(const SwigluJob& job, int64_t begin, int64_t end) { swiglu_rows_any<Simd, Exp>(job, begin, end); }

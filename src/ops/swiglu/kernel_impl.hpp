@@ -4,6 +4,8 @@
 // Each step is its own rounding, as torch's: -g (exact), exp, 1 + e, g / (1 + e) (IEEE divide, no
 // reciprocal), the silu rounded to the dtype (S::round_trip), the product rounded at the store.
 // fp32 groups that hold elements of torch's scalar tails recompute those lanes with glibc's expf.
+// bf16/fp16 take the rounded silu from a 65,536-entry table instead (E::lookup: a gather), which
+// holds exactly what the steps above give for each gate value (docs/PERF.md, swiglu v2).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -43,6 +45,13 @@ void swiglu_row(const detail::SwigluJob& job, const typename T::storage* gate, c
   int range = first_range(job, flat);  // the first libm range ending after this row's start (fp32 only)
   for (int64_t j = 0; j < dim; j += S::kGroup) {
     const int64_t n = dim - j < S::kGroup ? dim - j : S::kGroup;
+    if constexpr (T::dtype != DType::float32) {
+      // 16-bit: the rounded silu of every one of the 65,536 gate values is in job.silu_table (built
+      // once with the same steps), looked up instead of computed.
+      const G s = E::template lookup<T>(job.silu_table, gate + j, n);
+      store_some<S, T>(out + j, S::mul(s, load_some<S, T>(up + j, n)), n);
+      continue;
+    }
     const G g = load_some<S, T>(gate + j, n);
     G s = S::div(g, S::add(one, E::exp(S::mul(g, minus))));
     if constexpr (T::dtype == DType::float32) {

@@ -13,6 +13,12 @@ struct Exp {
     for (int i = 0; i < Simd::kGroup; ++i) r.v[i] = std::exp(x.v[i]);
     return r;
   }
+  template <class T>
+  static Simd::G lookup(const uint16_t* table, const typename T::storage* p, int64_t n) {
+    Simd::G g;
+    for (int i = 0; i < Simd::kGroup; ++i) g.v[i] = i < n ? T::to_f32(table[p[i]]) : 0.0f;
+    return g;
+  }
 };
 }  // namespace
 void swiglu_rows_scalar(const SwigluJob& job, int64_t begin, int64_t end) { swiglu_rows_any<Simd, Exp>(job, begin, end); }

@@ -4,10 +4,12 @@
 #include "opgym/swiglu.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "core/checks.hpp"
+#include "core/convert.hpp"
 #include "opgym/cpu.hpp"
 #include "ops/swiglu/kernel.hpp"
 
@@ -49,6 +51,21 @@ std::vector<int64_t> torch_silu_libm_ranges(int64_t n, int threads, int64_t step
     if (tail < e) ranges.insert(ranges.end(), {tail, e});
   }
   return ranges;
+}
+
+const uint16_t* swiglu_silu_table(DType dtype) {
+  auto build = [](DType t) {
+    std::vector<uint16_t> v(65536 + 2, 0);
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const uint16_t h = static_cast<uint16_t>(b);
+      const float g = t == DType::bfloat16 ? bf16_to_f32(h) : f16_to_f32(h);
+      const float s = g / (1.0f + std::exp(-g));
+      v[b] = t == DType::bfloat16 ? f32_to_bf16(s) : f32_to_f16(s);
+    }
+    return v;
+  };
+  static const std::vector<uint16_t> bf16 = build(DType::bfloat16), f16 = build(DType::float16);
+  return dtype == DType::bfloat16 ? bf16.data() : dtype == DType::float16 ? f16.data() : nullptr;
 }
 
 int64_t torch_silu_fp32_step(int isa) {
@@ -126,6 +143,7 @@ void swiglu(const TensorView& gate, const TensorView& up, const TensorView& out,
     job.libm_ranges = ranges.data();
     job.libm_count = static_cast<int>(ranges.size() / 2);
   }
+  job.silu_table = detail::swiglu_silu_table(job.dtype);
   const RowsFn fn = rows_fn(isa);
   const int64_t row_bytes = job.dim * static_cast<int64_t>(dtype_size(job.dtype));
   Executor& ex = executor ? *executor : default_executor();
