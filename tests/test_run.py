@@ -287,6 +287,10 @@ def test_saved_checkpoint_loads_through_model(saved_checkpoint, tmp_path):
     assert rep["config"]["model"] == str(saved_checkpoint.resolve())
     assert rep["config"]["text_layers"] == 1 and rep["config"]["text_hidden_size"] == 256
     assert rep["calls"]["fused"] > 0 and rep["calls"]["fallback"] == 0
+    # every op patched into the loaded checkpoint, each fused at least once
+    from opgym.patch import SUPPORTED_OPS
+
+    assert {op: v["fused"] > 0 for op, v in rep["calls"]["per_op"].items()} == {op: True for op in SUPPORTED_OPS}
     assert rep["agreement"]["tokens_identical"] is True
 
 
