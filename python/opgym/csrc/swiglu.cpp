@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include "opgym/opgym.hpp"
+#include "output_cache.hpp"
 #include "torch_common.hpp"
 
 namespace opgym_torch {
@@ -62,7 +63,9 @@ using namespace opgym_torch;  // NOLINT(google-build-using-namespace): the share
 
 at::Tensor swiglu_cpu(const at::Tensor& gate, const at::Tensor& up) {
   check_swiglu(gate, up, "swiglu");
-  at::Tensor out = at::empty_like(gate);
+  // Contiguous, as torch's silu-then-mul gives it, from the cache of freed outputs: a fresh
+  // [T, I] block would be page-faulted in on every call (output_cache.hpp; docs/PERF.md swiglu v3).
+  at::Tensor out = empty_output(gate.sizes(), gate.scalar_type());
   translate_errors("swiglu", [&] {
     opgym::swiglu(view_of(gate), view_of(up), view_of(out), swiglu_options(), &aten_executor());
   });
@@ -71,7 +74,9 @@ at::Tensor swiglu_cpu(const at::Tensor& gate, const at::Tensor& up) {
 
 at::Tensor swiglu_merged_cpu(const at::Tensor& gate_up) {
   check_swiglu_merged(gate_up, "swiglu_merged");
-  at::Tensor out = merged_out(gate_up);
+  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
+  shape.back() /= 2;
+  at::Tensor out = empty_output(shape, gate_up.scalar_type());
   translate_errors("swiglu_merged", [&] {
     opgym::swiglu_merged(view_of(gate_up), view_of(out), swiglu_options(), &aten_executor());
   });
@@ -80,7 +85,7 @@ at::Tensor swiglu_merged_cpu(const at::Tensor& gate_up) {
 
 at::Tensor swiglu_meta(const at::Tensor& gate, const at::Tensor& up) {
   check_swiglu(gate, up, "swiglu");
-  return at::empty_like(gate);
+  return at::empty_symint(gate.sym_sizes(), gate.options());  // contiguous, as the CPU and CUDA kernels
 }
 
 at::Tensor swiglu_merged_meta(const at::Tensor& gate_up) {

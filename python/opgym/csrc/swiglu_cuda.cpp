@@ -22,7 +22,7 @@ using namespace opgym_torch;  // NOLINT(google-build-using-namespace): the share
 at::Tensor swiglu_cuda(const at::Tensor& gate, const at::Tensor& up) {
   check_swiglu(gate, up, "swiglu");
   const c10::cuda::CUDAGuard guard(gate.device());
-  at::Tensor out = at::empty_like(gate);
+  at::Tensor out = at::empty(gate.sizes(), gate.options());  // contiguous, as the CPU kernel
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(gate.device().index()).stream();
   translate_errors("swiglu", [&] { opgym::cuda::swiglu(view_of(gate), view_of(up), view_of(out), stream); });
   return out;
