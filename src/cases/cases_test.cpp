@@ -139,14 +139,17 @@ TEST(Runner, WrongDeclaredOutputFailsAndUnknownOpIsReported) {
     {"id": "no_eps", "seed": 1, "input": {"hidden_states": {"shape": [2, 64], "dtype": "bfloat16"},
       "weight": {"shape": [64], "dtype": "bfloat16"}},
      "output": {"output": {"shape": [2, 64], "dtype": "bfloat16"}}, "rtol": 1, "atol": 1}]})");
+  const auto unknown = write_temp("layer_norm_cases.json", R"({"op_name": "layer_norm", "test_cases": [
+    {"id": "ln_1", "seed": 1, "input": {"x": {"shape": [2, 8], "dtype": "bfloat16"}},
+     "output": {"output": {"shape": [2, 8], "dtype": "bfloat16"}}, "rtol": 0, "atol": 0}]})");
   std::ostringstream out;
-  const Summary s = run_files({path, kPeer + "swiglu_mlp_test_cases.json"}, RunOptions{}, out);
+  const Summary s = run_files({path, unknown}, RunOptions{}, out);
   EXPECT_EQ(s.passed, 1) << out.str();
   EXPECT_EQ(s.failed, 3) << out.str();
   EXPECT_NE(out.str().find("[PRECISION_FAIL] bad_dtype"), std::string::npos);
   EXPECT_NE(out.str().find("torch's promotion"), std::string::npos);
   EXPECT_NE(out.str().find("case 'no_eps': missing input 'eps'"), std::string::npos) << out.str();
-  EXPECT_NE(out.str().find("no runner for op 'swiglu_mlp'"), std::string::npos);
+  EXPECT_NE(out.str().find("no runner for op 'layer_norm'"), std::string::npos) << out.str();
 }
 
 TEST(Runner, OversizedCaseIsRefusedBeforeAllocating) {
