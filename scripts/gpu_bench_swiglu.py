@@ -15,59 +15,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
+from pathlib import Path
 
 import torch
 
-DEVICE = "cuda"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_bench  # noqa: E402 - its timing (CUDA graph / back-to-back, events) and DEVICE switch
 
 
-def timed(fn, graph: bool, iters: int = 20, reps: int = 5) -> float:
-    """Microseconds per call: `iters` calls in one CUDA graph (or back to back), median of `reps`."""
-    if DEVICE == "cpu":
-        fn()
-        t = time.perf_counter()
-        for _ in range(3):
-            fn()
-        return (time.perf_counter() - t) / 3 * 1e6
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = None
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(iters):
-                fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        if g is not None:
-            g.replay()
-        else:
-            for _ in range(iters):
-                fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / iters)
-    return statistics.median(times)
+def timed(fn, graph: bool, nbytes: int) -> float:
+    """Microseconds per call: gpu_bench's CUDA-graph or eager timing (wall clock with --dry-run-cpu)."""
+    return (gpu_bench.time_graph if graph else gpu_bench.time_eager)(fn, nbytes)
 
 
 def main() -> int:
-    global DEVICE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--dry-run-cpu", action="store_true")
     args = ap.parse_args()
     if args.dry_run_cpu:
-        DEVICE = "cpu"
+        gpu_bench.DEVICE = "cpu"
     elif not torch.cuda.is_available():
         print("gpu_bench_swiglu: no CUDA device visible to torch", file=sys.stderr)
         return 2
@@ -83,10 +51,10 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001
         LigerSiLUMulFunction = LigerSwiGLUMLP = None
         print(f"Liger-Kernel not used: {type(e).__name__}: {e}")
-    dev, dt = torch.device(DEVICE), torch.bfloat16
+    dev, dt = torch.device(gpu_bench.DEVICE), torch.bfloat16
     rows = []
     shapes = [("text", 2048, 11008, T) for T in (1, 282, 794, 4096)] + [("vision", 1280, 3420, T) for T in (1024, 3072)]
-    if DEVICE == "cpu":
+    if gpu_bench.DEVICE == "cpu":
         shapes = [("text", 2048, 11008, 1), ("vision", 1280, 3420, 64)]
     mlps = {}
     for kind, H, I, T in shapes:
@@ -97,11 +65,12 @@ def main() -> int:
         dst = torch.empty_like(src)
         act = torch.nn.SiLU()
         r = {"kind": kind, "T": T, "I": I}
-        r["copy_us"] = timed(lambda: dst.copy_(src), True)
-        r["act_opgym_us"] = timed(lambda: torch.ops.opgym.swiglu_merged(gu), True)
-        r["act_hf_us"] = timed(lambda: act(gate) * up, True)
-        if LigerSiLUMulFunction is not None and DEVICE == "cuda":
-            r["act_liger_us"] = timed(lambda: LigerSiLUMulFunction.apply(gate, up), True)
+        nb = 3 * T * I * 2
+        r["copy_us"] = timed(lambda: dst.copy_(src), True, nb)
+        r["act_opgym_us"] = timed(lambda: torch.ops.opgym.swiglu_merged(gu), True, nb)
+        r["act_hf_us"] = timed(lambda: act(gate) * up, True, nb)
+        if LigerSiLUMulFunction is not None and gpu_bench.DEVICE == "cuda":
+            r["act_liger_us"] = timed(lambda: LigerSiLUMulFunction.apply(gate, up), True, nb)
         d = ulp_distance(torch.ops.opgym.swiglu_merged(gu).cpu(), (act(gate) * up).cpu())
         r["act_ulp_max"], r["act_identical"] = int(d.max()), float((d == 0).float().mean())
         if kind not in mlps:
@@ -113,7 +82,7 @@ def main() -> int:
             ours.load_state_dict(hf.state_dict())
             handle = opgym.patch(torch.nn.ModuleDict({"m": ours}), ops=("swiglu",))
             liger = None
-            if LigerSwiGLUMLP is not None and DEVICE == "cuda" and kind == "text":
+            if LigerSwiGLUMLP is not None and gpu_bench.DEVICE == "cuda" and kind == "text":
                 liger = LigerSwiGLUMLP(cfg).to(dt).to(dev).eval()
                 liger.load_state_dict(hf.state_dict())
             mlps[kind] = (hf, ours, liger, handle)
@@ -124,8 +93,9 @@ def main() -> int:
             for name, m in (("hf", hf), ("opgym", ours), ("liger", liger)):
                 if m is None:
                     continue
-                r[f"mlp_{name}_graph_us"] = timed(lambda: m(x), True, iters=5)
-                r[f"mlp_{name}_eager_us"] = timed(lambda: m(x), False, iters=5)
+                wb = 3 * H * I * 2  # the weights a call reads: few calls per sample
+                r[f"mlp_{name}_graph_us"] = timed(lambda: m(x), True, wb)
+                r[f"mlp_{name}_eager_us"] = timed(lambda: m(x), False, wb)
             dm = ulp_distance(ours(x).cpu(), hf(x).cpu())
         r["mlp_ulp_max"], r["mlp_identical"] = int(dm.max()), float((dm == 0).float().mean())
         rows.append(r)

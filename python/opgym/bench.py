@@ -50,7 +50,9 @@ swiglu's (the activation alone, then the whole MLP; Qwen2.5-VL's text MLP 2048 -
     mlp_hf          HF's MLP forward (gate_proj, up_proj, silu, mul, down_proj); also its peak memory
     mlp_compile     torch.compile of HF's MLP forward; also its peak memory
 Peak memory is the highest sum of live allocations inside one call, from torch's profiler (output
-included, weights and input not).
+included, weights and input not). The compile column's is not comparable: the profiler does not see
+every allocation inside a compiled graph (it reported 10 MiB where the graph's two [4096, 3420]
+GEMM outputs alone are 53 MiB), so it is recorded but not claimed.
 
 Each figure is the median of --samples samples, each sample a loop sized to about --sample-ms; the
 samples of all implementations of a shape are taken round-robin, so a slow spell hits them alike.

@@ -123,14 +123,8 @@ class Capture:
         return hook
 
     def _swiglu_cases(self, prefix: str) -> list[dict]:
-        groups: OrderedDict[tuple, dict] = OrderedDict()
-        for r in self.mlp_records:
-            key = (tuple(r["shape"]), r["dtype"], r["hidden"], r["intermediate"], r["out"], r["bias"])
-            g = groups.setdefault(key, {"calls": 0, "sites": OrderedDict(), "phases": OrderedDict()})
-            g["calls"] += 1
-            site = collapse_path(r["module"])
-            g["sites"][site] = g["sites"].get(site, 0) + 1
-            g["phases"][r["phase"]] = g["phases"].get(r["phase"], 0) + 1
+        groups = _group(self.mlp_records, lambda r: (tuple(r["shape"]), r["dtype"], r["hidden"], r["intermediate"],
+                                                      r["out"], r["bias"]))
         out = []
         for (shape, dt, H, I, H_out, bias), g in groups.items():
             if dt not in TOLERANCES:
@@ -178,15 +172,8 @@ class Capture:
         })
 
     def _rotary_cases(self, prefix: str) -> list[dict]:
-        groups: OrderedDict[tuple, dict] = OrderedDict()
-        for r in self.rotary_records:
-            key = (tuple(r["q_shape"]), tuple(r["k_shape"]), tuple(r["cos_shape"]), r["dtype"], r["cos_dtype"],
-                   r["mode"], r["unsqueeze_dim"])
-            g = groups.setdefault(key, {"calls": 0, "sites": OrderedDict(), "phases": OrderedDict()})
-            g["calls"] += 1
-            site = collapse_path(r["module"])
-            g["sites"][site] = g["sites"].get(site, 0) + 1
-            g["phases"][r["phase"]] = g["phases"].get(r["phase"], 0) + 1
+        groups = _group(self.rotary_records, lambda r: (tuple(r["q_shape"]), tuple(r["k_shape"]), tuple(r["cos_shape"]),
+                                                         r["dtype"], r["cos_dtype"], r["mode"], r["unsqueeze_dim"]))
         out = []
         for (qs, ks, cs, dt, cdt, mode, ud), g in groups.items():
             if dt not in TOLERANCES or cdt not in TOLERANCES:
@@ -352,6 +339,19 @@ class Capture:
             lines.append(f"  {str(tuple(shape)):>20} {_short(dtype)}/w:{_short(wdtype)} eps={eps:g} "
                          f"calls={g['calls']:>4} {dict(g['phases'])} {list(g['sites'])}")
         return "\n".join(lines)
+
+
+def _group(records, key) -> "OrderedDict[tuple, dict]":
+    """Records grouped by key(record), in first-seen order: each group's calls, its call sites (layer
+    indices collapsed) and phases, with counts."""
+    groups: OrderedDict[tuple, dict] = OrderedDict()
+    for r in records:
+        g = groups.setdefault(key(r), {"calls": 0, "sites": OrderedDict(), "phases": OrderedDict()})
+        g["calls"] += 1
+        site = collapse_path(r["module"])
+        g["sites"][site] = g["sites"].get(site, 0) + 1
+        g["phases"][r["phase"]] = g["phases"].get(r["phase"], 0) + 1
+    return groups
 
 
 def _contiguous_strides(shape):

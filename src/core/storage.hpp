@@ -38,6 +38,24 @@ template <class Fn> decltype(auto) with_storage(DType t, Fn&& fn) {
   }
 }
 
+// One element by runtime dtype, as fp32 (the goldens and other scalar code).
+inline float load_as_f32(DType t, const void* base, int64_t off) {
+  return with_storage(t, [&](auto tag) {
+    using T = decltype(tag);
+    return T::to_f32(static_cast<const typename T::storage*>(base)[off]);
+  });
+}
+inline void store_from_f32(DType t, void* base, int64_t off, float v) {
+  with_storage(t, [&](auto tag) {
+    using T = decltype(tag);
+    static_cast<typename T::storage*>(base)[off] = T::from_f32(v);
+  });
+}
+// v rounded to dtype t (RNE) and back to fp32.
+inline float round_to(DType t, float v) {
+  return with_storage(t, [&](auto tag) { using T = decltype(tag); return T::to_f32(T::from_f32(v)); });
+}
+
 // The first n (< S::kGroup) elements of a group through a zero-padded scratch group: the rest read
 // as zero and are not written. For groups without masked loads and stores (scalar, AVX2).
 template <class S, class T> typename S::G load_n_padded(const typename T::storage* p, int64_t n) {
@@ -49,6 +67,15 @@ template <class S, class T> void store_n_padded(typename T::storage* p, const ty
   alignas(64) typename T::storage buf[S::kGroup];
   S::template store<T>(buf, g);
   std::memcpy(p, buf, static_cast<size_t>(n) * sizeof(buf[0]));
+}
+
+// A whole group (n == S::kGroup) or its first n elements (S's own partial loads and stores).
+template <class S, class T> typename S::G load_some(const typename T::storage* p, int64_t n) {
+  return n == S::kGroup ? S::template load<T>(p) : S::template load_n<T>(p, n);
+}
+template <class S, class T> void store_some(typename T::storage* p, const typename S::G& g, int64_t n) {
+  if (n == S::kGroup) S::template store<T>(p, g);
+  else S::template store_n<T>(p, g, n);
 }
 
 }  // namespace

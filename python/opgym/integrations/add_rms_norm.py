@@ -243,18 +243,18 @@ def apply(model: nn.Module, handle, devices) -> None:
     nxt, prv = _neighbours(model)
     counters = handle.counters("add_rms_norm")
 
-    def fusable_decoder(m) -> bool:
-        return m is not None and id(m) in fused and fused[id(m)][2] == "decoder"
+    def chained(a, b) -> bool:  # a's MLP add fused with b's input_layernorm: both fused decoder layers
+        def decoder(m) -> bool:
+            return m is not None and id(m) in fused and fused[id(m)][2] == "decoder"
+        n = getattr(b, "input_layernorm", None)
+        return decoder(a) and decoder(b) and isinstance(n, nn.Module) and is_rms_norm(n) \
+            and norm_verdict(n, verdicts) is None
 
     for name, layer, kind in fused.values():
         add_norm = _make_add_norm(getattr(layer, _NORM_ATTR[kind]), counters, devices)
         if kind != "decoder":
             handle.replace_forward(layer, "add_rms_norm", name, _BUILDERS[kind](layer, add_norm))
             continue
-        def chained(a, b) -> bool:  # a's MLP add fused with b's input_layernorm
-            n = getattr(b, "input_layernorm", None)
-            return fusable_decoder(a) and fusable_decoder(b) and isinstance(n, nn.Module) and is_rms_norm(n) \
-                and norm_verdict(n, verdicts) is None
         pl, stash_in = prv.get(id(layer), (None, None))
         stash_in = stash_in if chained(pl, layer) else None
         nl, stash_out = nxt.get(id(layer), (None, None))

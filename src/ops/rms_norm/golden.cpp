@@ -20,21 +20,8 @@ namespace opgym::reference {
 
 namespace {
 
-float load(const TensorView& t, int64_t off) {
-  return with_storage(t.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    return T::to_f32(static_cast<const typename T::storage*>(t.data)[off]);
-  });
-}
-void store(const TensorView& t, int64_t off, float v) {
-  with_storage(t.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    static_cast<typename T::storage*>(t.data)[off] = T::from_f32(v);
-  });
-}
-float round_to(DType t, float v) {
-  return with_storage(t, [&](auto tag) { using T = decltype(tag); return T::to_f32(T::from_f32(v)); });
-}
+float load(const TensorView& t, int64_t off) { return load_as_f32(t.dtype, t.data, off); }
+void store(const TensorView& t, int64_t off, float v) { store_from_f32(t.dtype, t.data, off, v); }
 // Element offset of the start of row r (leading dims unravelled).
 int64_t row_offset(const TensorView& t, int64_t r) {
   int64_t off = 0;

@@ -18,24 +18,6 @@
 
 namespace opgym::reference {
 
-namespace {
-float load(DType t, const void* base, int64_t off) {
-  return with_storage(t, [&](auto tag) {
-    using T = decltype(tag);
-    return T::to_f32(static_cast<const typename T::storage*>(base)[off]);
-  });
-}
-void store(DType t, void* base, int64_t off, float v) {
-  with_storage(t, [&](auto tag) {
-    using T = decltype(tag);
-    static_cast<typename T::storage*>(base)[off] = T::from_f32(v);
-  });
-}
-float round_to(DType t, float v) {
-  return with_storage(t, [&](auto tag) { using T = decltype(tag); return T::to_f32(T::from_f32(v)); });
-}
-}  // namespace
-
 void rotary_basic_ops(const TensorView& q, const TensorView& k, const TensorView& cos, const TensorView& sin,
                       const TensorView& q_out, const TensorView& k_out, const RotaryOptions& opt) {
   detail::RotaryJob job;
@@ -57,16 +39,16 @@ void rotary_basic_ops(const TensorView& q, const TensorView& k, const TensorView
       int64_t io, oo, co, so;
       t.row_offsets(r, io, oo, co, so);
       for (int64_t j = 0; j < D; ++j) {  // x.float() (fp32 mode) or x as is; cos/sin recomposed and unsqueezed
-        x[j] = load(xt, t.in, io + j);
-        c[j] = load(ct, job.cos, co + cos_stream[j] + j);
-        s[j] = load(ct, job.sin, so + sin_stream[j] + j);
+        x[j] = load_as_f32(xt, t.in, io + j);
+        c[j] = load_as_f32(ct, job.cos, co + cos_stream[j] + j);
+        s[j] = load_as_f32(ct, job.sin, so + sin_stream[j] + j);
       }
       for (int64_t j = 0; j < D; ++j) rot[j] = j < h ? -x[j + h] : x[j - h];       // rotate_half
       for (int64_t j = 0; j < D; ++j) a[j] = x[j] * c[j];                          // q * cos
       for (int64_t j = 0; j < D; ++j) b[j] = rot[j] * s[j];                        // rotate_half(q) * sin
       if (hf)
         for (int64_t j = 0; j < D; ++j) a[j] = round_to(xt, a[j]), b[j] = round_to(xt, b[j]);
-      for (int64_t j = 0; j < D; ++j) store(xt, t.out, oo + j, a[j] + b[j]);      // +, (.to(orig_dtype))
+      for (int64_t j = 0; j < D; ++j) store_from_f32(xt, t.out, oo + j, a[j] + b[j]);      // +, (.to(orig_dtype))
     }
   }
 }

@@ -13,15 +13,6 @@
 namespace opgym {
 namespace {  // NOLINT: internal linkage per instruction set, see core/convert.hpp
 
-template <class S, class T>
-typename S::G load_some(const typename T::storage* p, int64_t n) {
-  return n == S::kGroup ? S::template load<T>(p) : S::template load_n<T>(p, n);
-}
-template <class S, class T>
-void store_some(typename T::storage* p, const typename S::G& g, int64_t n) {
-  if (n == S::kGroup) S::template store<T>(p, g);
-  else S::template store_n<T>(p, g, n);
-}
 
 template <class S, class TX, class TC, bool kHf>
 void rotate_row(const detail::RotaryJob& job, const typename TX::storage* x, typename TX::storage* o,

@@ -28,22 +28,6 @@ extern "C" float Sleef_expf1_u10purecfma(float);
 namespace opgym::reference {
 
 namespace {
-float load(DType t, const void* base, int64_t off) {
-  return with_storage(t, [&](auto tag) {
-    using T = decltype(tag);
-    return T::to_f32(static_cast<const typename T::storage*>(base)[off]);
-  });
-}
-void store(DType t, void* base, int64_t off, float v) {
-  with_storage(t, [&](auto tag) {
-    using T = decltype(tag);
-    static_cast<typename T::storage*>(base)[off] = T::from_f32(v);
-  });
-}
-float round_to(DType t, float v) {
-  return with_storage(t, [&](auto tag) { using T = decltype(tag); return T::to_f32(T::from_f32(v)); });
-}
-
 // Whether torch computes flat element e of n with glibc's expf: at::parallel_for's chunks (grain
 // 32768, divup of n over min(threads, divup(n, grain)) chunks), each vectorized in whole steps.
 bool torch_libm_at(int64_t e, int64_t n, int threads, int64_t step) {
@@ -68,7 +52,7 @@ void swiglu_basic_ops(const TensorView& gate, const TensorView& up, const Tensor
   for (int64_t r = 0; r < job.rows; ++r) {
     int64_t go, uo, oo;
     job.row_offsets(r, go, uo, oo);
-    for (int64_t j = 0; j < D; ++j) g[j] = load(t, job.gate, go + j), u[j] = load(t, job.up, uo + j);
+    for (int64_t j = 0; j < D; ++j) g[j] = load_as_f32(t, job.gate, go + j), u[j] = load_as_f32(t, job.up, uo + j);
     for (int64_t j = 0; j < D; ++j) neg[j] = -g[j];
     for (int64_t j = 0; j < D; ++j) {
       // 16-bit dtypes: the two exps round to the same silu (tested exhaustively), Sleef's is used.
@@ -82,7 +66,7 @@ void swiglu_basic_ops(const TensorView& gate, const TensorView& up, const Tensor
     for (int64_t j = 0; j < D; ++j) d[j] = 1.0f + e[j];
     for (int64_t j = 0; j < D; ++j) s[j] = round_to(t, g[j] / d[j]);
     for (int64_t j = 0; j < D; ++j) p[j] = s[j] * u[j];
-    for (int64_t j = 0; j < D; ++j) store(t, job.out, oo + j, p[j]);
+    for (int64_t j = 0; j < D; ++j) store_from_f32(t, job.out, oo + j, p[j]);
   }
 }
 

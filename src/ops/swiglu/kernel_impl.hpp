@@ -1,8 +1,8 @@
 // The swiglu CPU kernel, written once over a "group of 64 floats" (S) and an exp (E: Sleef's u10 on
 // the vector paths, glibc's expf on the scalar path), compiled per instruction set. Per group: gate
 // and up are loaded before out is stored, so out may be either of them (in place).
-// Each step is its own rounding, as torch's: -g (exact), exp, 1 + e, g / (1 + e) (IEEE divide, no
-// reciprocal), the silu rounded to the dtype (S::round_trip), the product rounded at the store.
+// fp32: each step is its own rounding, as torch's: -g (exact), exp, 1 + e, g / (1 + e) (IEEE divide,
+// no reciprocal); the product is rounded at the store.
 // fp32 groups that hold elements of torch's scalar tails recompute those lanes with glibc's expf.
 // bf16/fp16 take the rounded silu from a 65,536-entry table instead (E::lookup: a gather), which
 // holds exactly what the steps above give for each gate value (docs/PERF.md, swiglu v2).
@@ -17,15 +17,6 @@
 namespace opgym {
 namespace {  // NOLINT: internal linkage per instruction set, see core/convert.hpp
 
-template <class S, class T>
-typename S::G load_some(const typename T::storage* p, int64_t n) {
-  return n == S::kGroup ? S::template load<T>(p) : S::template load_n<T>(p, n);
-}
-template <class S, class T>
-void store_some(typename T::storage* p, const typename S::G& g, int64_t n) {
-  if (n == S::kGroup) S::template store<T>(p, g);
-  else S::template store_n<T>(p, g, n);
-}
 
 inline float silu_libm(float g) { return g / (1.0f + std::exp(-g)); }
 
@@ -45,16 +36,14 @@ void swiglu_row(const detail::SwigluJob& job, const typename T::storage* gate, c
   int range = first_range(job, flat);  // the first libm range ending after this row's start (fp32 only)
   for (int64_t j = 0; j < dim; j += S::kGroup) {
     const int64_t n = dim - j < S::kGroup ? dim - j : S::kGroup;
+    G s;
     if constexpr (T::dtype != DType::float32) {
       // 16-bit: the rounded silu of every one of the 65,536 gate values is in job.silu_table (built
       // once with the same steps), looked up instead of computed.
-      const G s = E::template lookup<T>(job.silu_table, gate + j, n);
-      store_some<S, T>(out + j, S::mul(s, load_some<S, T>(up + j, n)), n);
-      continue;
-    }
-    const G g = load_some<S, T>(gate + j, n);
-    G s = S::div(g, S::add(one, E::exp(S::mul(g, minus))));
-    if constexpr (T::dtype == DType::float32) {
+      s = E::template lookup<T>(job.silu_table, gate + j, n);
+    } else {
+      const G g = load_some<S, T>(gate + j, n);
+      s = S::div(g, S::add(one, E::exp(S::mul(g, minus))));
       // lanes [lo, hi) of this group that torch computes with glibc's expf
       while (range < job.libm_count && job.libm_ranges[2 * range + 1] <= flat + j) ++range;
       if (range < job.libm_count && job.libm_ranges[2 * range] < flat + j + n) {
@@ -68,8 +57,6 @@ void swiglu_row(const detail::SwigluJob& job, const typename T::storage* gate, c
         }
         s = S::load_raw(ss);
       }
-    } else {
-      s = S::template round_trip<T>(s);
     }
     store_some<S, T>(out + j, S::mul(s, load_some<S, T>(up + j, n)), n);
   }

@@ -32,6 +32,9 @@ int64_t matrix_ld(const TensorView& t, const char* name, int64_t rows, int64_t c
   if (t.rank != 2 || t.shape[0] != rows || t.shape[1] != cols)
     throw err(name, std::string(name) + " must be " + what + " [" + std::to_string(rows) + ", " + std::to_string(cols) +
                         "], got " + t.shape_str());
+  if (rows > 1 && t.strides[0] < cols)
+    throw err(name, std::string(name) + "'s rows must not overlap (row stride >= " + std::to_string(cols) + "), got " +
+                        std::to_string(t.strides[0]));
   return rows <= 1 ? cols : t.strides[0];
 }
 
@@ -80,11 +83,11 @@ Checked check_mlp(const TensorView& x, const TensorView& w_gate, const TensorVie
   bias(b.gate, "b_gate", c.I);
   bias(b.up, "b_up", c.I);
   bias(b.down, "b_down", c.H_out);
-  if (!detail::leading_collapse(x, c.ldx)) c.ldx = -1;
-  if (c.ldx < 0) throw err("x", "x's leading dims must collapse to one row stride (a GEMM's rows), got strides of " + x.shape_str());
-  if (!detail::leading_collapse(out, c.ldo)) throw err("out", "out's leading dims must collapse to one row stride");
-  if (c.T <= 1) c.ldx = c.H, c.ldo = c.H_out;
-  if (x.rank == 1) c.ldx = c.H, c.ldo = c.H_out;
+  // A GEMM's rows: the leading dims must collapse to one row stride, at least a row long.
+  if (!detail::leading_collapse(x, c.ldx) || (c.T > 1 && c.ldx < c.H))
+    throw err("x", "x's rows must be one stride >= its last dim apart (a GEMM's rows), got " + x.shape_str());
+  if (!detail::leading_collapse(out, c.ldo) || (c.T > 1 && c.ldo < c.H_out))
+    throw err("out", "out's rows must be one stride >= its last dim apart (a GEMM's rows), got " + out.shape_str());
   detail::check_no_self_overlap(out, "out", kOp);
   for (auto [t, n] : {std::pair{&x, "x"}, {&w_gate, "w_gate"}, {&w_up, "w_up"}, {&w_down, "w_down"}})
     detail::check_disjoint(*t, n, out, "out", kOp);
@@ -98,25 +101,12 @@ Checked check_mlp(const TensorView& x, const TensorView& w_gate, const TensorVie
   return c;
 }
 
-float load1(DType t, const void* p, int64_t i) {
-  return with_storage(t, [&](auto tag) {
-    using T = decltype(tag);
-    return T::to_f32(static_cast<const typename T::storage*>(p)[i]);
-  });
-}
-void store1(DType t, void* p, int64_t i, float v) {
-  with_storage(t, [&](auto tag) {
-    using T = decltype(tag);
-    static_cast<typename T::storage*>(p)[i] = T::from_f32(v);
-  });
-}
-
 #if OPGYM_HAVE_BLAS
 // rows x cols of `src` (row stride ld) widened to a contiguous fp32 matrix.
 std::vector<float> widen(DType t, const void* src, int64_t rows, int64_t cols, int64_t ld) {
   std::vector<float> w(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) w[r * cols + j] = load1(t, src, r * ld + j);
+    for (int64_t j = 0; j < cols; ++j) w[r * cols + j] = load_as_f32(t, src, r * ld + j);
   return w;
 }
 
@@ -149,8 +139,8 @@ void epilogue(DType t, const float* c, int64_t N, int64_t rows, int64_t n, const
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < n; ++j) {
       float v = c[r * N + j];
-      if (bias) v += load1(t, bias->data, j);
-      store1(t, dst, r * ldd + j, v);
+      if (bias) v += load_as_f32(t, bias->data, j);
+      store_from_f32(t, dst, r * ldd + j, v);
     }
 }
 

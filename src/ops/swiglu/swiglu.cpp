@@ -64,8 +64,15 @@ const uint16_t* swiglu_silu_table(DType dtype) {
     }
     return v;
   };
-  static const std::vector<uint16_t> bf16 = build(DType::bfloat16), f16 = build(DType::float16);
-  return dtype == DType::bfloat16 ? bf16.data() : dtype == DType::float16 ? f16.data() : nullptr;
+  if (dtype == DType::bfloat16) {
+    static const std::vector<uint16_t> bf16 = build(DType::bfloat16);
+    return bf16.data();
+  }
+  if (dtype == DType::float16) {
+    static const std::vector<uint16_t> f16 = build(DType::float16);
+    return f16.data();
+  }
+  return nullptr;
 }
 
 int64_t torch_silu_fp32_step(int isa) {
@@ -143,7 +150,7 @@ void swiglu(const TensorView& gate, const TensorView& up, const TensorView& out,
     job.libm_ranges = ranges.data();
     job.libm_count = static_cast<int>(ranges.size() / 2);
   }
-  job.silu_table = detail::swiglu_silu_table(job.dtype);
+  if (job.dtype != DType::float32) job.silu_table = detail::swiglu_silu_table(job.dtype);
   const RowsFn fn = rows_fn(isa);
   const int64_t row_bytes = job.dim * static_cast<int64_t>(dtype_size(job.dtype));
   Executor& ex = executor ? *executor : default_executor();
