@@ -1,0 +1,115 @@
+"""What the sides' outputs say about each other: the prefill logits and greedy tokens (opgym vs the
+baseline), each RMSNorm output against HF's on the same input, and the --ablation variants' bits."""
+from __future__ import annotations
+
+from ..numerics import ulp_distance
+from .measure import pct, spread_entry
+from .profile import rms_modules
+
+
+def rms_exactness(model, inputs, sync) -> dict:
+    """One prefill of the patched model in which every RMSNorm call's output is compared with HF's own
+    forward (the module class's forward) on the very same input: the kernel's exactness on the
+    model's real activations, before any propagation through later layers."""
+    import torch
+
+    acc = {"calls": 0, "elements": 0, "differing": 0, "max_abs_diff": 0.0, "max_ulps": 0.0}
+
+    def hook(module, args, out):
+        x = args[0]
+        ref = type(module).forward(module, x)
+        if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor) or out.shape != ref.shape:
+            return
+        d = (out.float() - ref.float()).abs()
+        acc["calls"] += 1
+        acc["elements"] += d.numel()
+        n = int((d != 0).sum())
+        if n:
+            acc["differing"] += n
+            acc["max_abs_diff"] = max(acc["max_abs_diff"], d.max().item())
+            if out.dtype == ref.dtype:
+                acc["max_ulps"] = max(acc["max_ulps"], float(ulp_distance(out, ref).max().item()))
+
+    handles = [m.register_forward_hook(hook) for m in rms_modules(model)]
+    try:
+        with torch.inference_mode():
+            model(**inputs, use_cache=True, logits_to_keep=1)
+            sync()
+    finally:
+        for h in handles:
+            h.remove()
+    acc["compared_with"] = "HF's RMSNorm forward on the same input, every call of one prefill"
+    return acc
+
+
+def agreement(base_logits, opt_logits, base_tokens, opt_tokens) -> dict:
+    a, b = opt_logits, base_logits
+    diff = (a - b).abs()
+    nz = b != 0
+    rel = (diff[nz] / b[nz].abs()).max().item() if bool(nz.any()) else 0.0
+    first = None
+    for i, (x, y) in enumerate(zip(base_tokens, opt_tokens)):
+        if x != y:
+            first = i
+            break
+    if first is None and len(base_tokens) != len(opt_tokens):
+        first = min(len(base_tokens), len(opt_tokens))
+    return {
+        "logits_max_abs_diff": diff.max().item(),
+        "logits_max_rel_diff": rel,
+        "logits_rel_diff_definition": "max over elements with baseline != 0 of |opgym - baseline| / |baseline| "
+                                      "(elementwise; large where a logit is near 0)",
+        "logits_max_abs_diff_over_max_abs": diff.max().item() / max(b.abs().max().item(), 1e-30),
+        "logits_elements": int(b.numel()),
+        "logits_shape": list(b.shape),
+        "logits_elements_differing": int((diff != 0).sum().item()),
+        "logits_max_abs_baseline": b.abs().max().item(),
+        "logits_argmax_positions_differing": int((a.argmax(-1) != b.argmax(-1)).sum().item()),
+        "logits_compared": "prefill forward, every position, dtype of the model's logits converted to fp32",
+        "tokens_identical": base_tokens == opt_tokens,
+        "first_divergence": first,
+        "baseline_tokens": base_tokens,
+        "opgym_tokens": opt_tokens,
+    }
+
+
+def _bit_differing(a, b) -> int | None:
+    """Elements whose bits differ (fp32 copies of the logits, so of the model's own bits too: widening
+    is exact); None when the shapes differ."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return None
+    return int((a.contiguous().view(torch.int32) != b.contiguous().view(torch.int32)).sum().item())
+
+
+def ablation(base, singles, opt, base_logits, opt_logits) -> dict:
+    """The --ablation section: the baseline and each variant (each op alone, then all) with medians,
+    spreads, change vs the baseline's median, and whether its prefill logits and greedy tokens are
+    the baseline's bit for bit. Each single side's stashed logits are loaded (and dropped) in turn."""
+    b = spread_entry(base)
+    variants = {}
+    for side in (*singles, opt):
+        key = side.ops[0] if side is not opt else "all"
+        logits = side.logits.load() if side is not opt else opt_logits
+        differing = _bit_differing(base_logits, logits)
+        del logits
+        e = {"ops": list(side.ops), **spread_entry(side)}
+        e["prefill_change_pct"] = pct(b["prefill_ms"], e["prefill_ms"])
+        e["decode_change_pct"] = pct(b["decode_tokens_per_s"], e["decode_tokens_per_s"])
+        e["logits_identical"] = differing == 0
+        e["logits_elements_differing"] = differing
+        e["tokens_identical"] = side.tokens == base.tokens
+        c = side.counts
+        e["calls"] = {"fused": c["fused"] if c["have"] else None, "fallback": c["fallback"] if c["have"] else None,
+                      "per_op": {op: {"fused": v["fused"], "fallback": v["fallback"]} for op, v in c["ops"].items()}}
+        variants[key] = e
+    return {
+        "baseline": b,
+        "variants": variants,
+        "measured_as": ("one run: each variant is opgym.patch(model, ops=its ops); in each timed round every "
+                        "variant runs next to a baseline run (baseline first in even rounds, variant first in odd "
+                        "ones), so the baseline has repeats x variants runs; change_pct = (variant median - "
+                        "baseline median) / baseline median; logits: the warm-up's full-logits prefill, every "
+                        "position, compared bit for bit; tokens: the timed greedy generates"),
+    }

@@ -1,0 +1,245 @@
+"""`opgym run`'s report: the tables on stdout, the JSON file, the --ablation chart."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .measure import pct as _pct
+from .options import UsageError
+from .profile import PARTS
+
+def _fmt(v, nd=1):
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}"
+    return str(v)
+
+
+def _change(b, o, higher_is_better: bool):
+    if b is None or o is None or b == 0:
+        return "n/a"
+    pct = (o - b) / abs(b) * 100
+    better = (pct > 0) == higher_is_better
+    if abs(pct) < 0.05:
+        return "0.0%"
+    color = "green" if better else "red"
+    word = "better" if better else "worse"
+    return f"[{color}]{pct:+.1f}% ({word})[/{color}]"
+
+
+def _threads_text(env: dict) -> str:
+    n = env["threads"]
+    return f"{n} torch thread{'' if n == 1 else 's'} ({env.get('threads_source', 'torch default')})"
+
+
+def print_report(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console() if sys.stdout.isatty() else Console(width=120)
+    cfg, env, b, o, ag, calls = r["config"], r["environment"], r["baseline"], r["opgym"], r["agreement"], r["calls"]
+    c.print(f"[bold]opgym run[/bold]: {cfg['model']}")
+    c.print(f"  depth {cfg['text_layers']} text layers / {cfg['vision_blocks']} vision blocks, {cfg['dtype']}, "
+            f"attn {cfg['attn_implementation']}, {cfg['device']}{', torch.compile' if cfg['compile'] else ''}; "
+            f"ops {','.join(cfg['ops'])}")
+    c.print(f"  input: {cfg['image']} -> grid {cfg['image_grid_thw']} ({cfg['vision_patches']} patches), "
+            f"{cfg['prompt_tokens']} prompt tokens ({cfg['image_tokens']} image); {cfg['max_new_tokens']} greedy tokens; "
+            f"warm-up {cfg['warmup']}, medians of {cfg['repeats']}"
+            + (f" (the baseline's of {len(b['prefill_ms_runs'])}: it runs next to every --ablation variant)"
+               if cfg.get("ablation") else ""))
+    c.print(f"  opgym {env.get('opgym')}, torch {env['torch']}, transformers {env['transformers']}; "
+            f"{env['cpu']}, isa {env.get('isa') or 'unknown'}; {_threads_text(env)}", soft_wrap=True)
+    t = Table(title="baseline (HF, " + ("torch.compile" if cfg["compile"] else "eager PyTorch") + f", attn {cfg['attn_implementation']}) vs opgym")
+    t.add_column("metric")
+    t.add_column("baseline", justify="right")
+    t.add_column("opgym", justify="right")
+    t.add_column("change %", justify="right")
+    build = cfg["build_s"]
+    rows = [
+        ("model build/load (s)", build, build + o["patch_ms"] / 1e3, False, 2),
+        ("prefill (ms, median)", b["prefill_ms"], o["prefill_ms"], False, 1),
+        ("time to first token (ms, median)", b["time_to_first_token_ms"], o["time_to_first_token_ms"], False, 1),
+        (f"decode (tokens/s, {cfg['max_new_tokens']} greedy)", b["decode_tokens_per_s"], o["decode_tokens_per_s"], True, 2),
+        ("generate total (s, median)", b["generate_s"], o["generate_s"], False, 2),
+        ("peak memory (MB)", b["peak_memory_mb"], o["peak_memory_mb"], False, 0),
+        ("RMSNorm time in prefill (ms, profiler)", b["rms_norm_ms"], o["rms_norm_ms"], False, 2),
+        ("profiled prefill (ms)", b["profiled_forward_ms"], o["profiled_forward_ms"], False, 1),
+    ]
+    for name, bv, ov, hib, nd in rows:
+        t.add_row(name, _fmt(bv, nd), _fmt(ov, nd), _change(bv, ov, hib))
+    bs, os_ = b["rms_norm_share"], o["rms_norm_share"]
+    t.add_row("RMSNorm share of prefill", _fmt(bs * 100 if bs is not None else None, 2) + (" %" if bs is not None else ""),
+              _fmt(os_ * 100 if os_ is not None else None, 2) + (" %" if os_ is not None else ""),
+              f"{(os_ - bs) * 100:+.2f} pts" if bs is not None and os_ is not None else "n/a")
+    t.add_row("RMSNorm calls per prefill", str(b["rms_norm_calls_per_prefill"]), str(o["rms_norm_calls_per_prefill"]), "")
+    if b.get("copy_share") is not None and o.get("copy_share") is not None:
+        t.add_row("aten::copy_ calls per prefill", str(b["copy_calls_per_prefill"]), str(o["copy_calls_per_prefill"]),
+                  _change(b["copy_calls_per_prefill"], o["copy_calls_per_prefill"], False))
+        t.add_row("aten::copy_ share of prefill (self time)", f"{b['copy_share'] * 100:.2f} %",
+                  f"{o['copy_share'] * 100:.2f} %", f"{(o['copy_share'] - b['copy_share']) * 100:+.2f} pts")
+    bo, oo = b.get("decode_top_level_ops") or {}, o.get("decode_top_level_ops") or {}
+    if bo and oo:
+        for key, label in (("per_step", "top-level torch ops per decode step"),
+                           ("per_text_layer", "top-level torch ops per text layer (decode)")):
+            t.add_row(label, str(bo[key]), str(oo[key]), _change(bo[key], oo[key], False))
+    c.print(t)
+    bp, op_ = b.get("profile_parts_ms") or {}, o.get("profile_parts_ms") or {}
+    if bp:
+        w = Table(title="where one prefill's time goes (torch.profiler, ms; ranges nest: RMSNorm is inside the parts)")
+        w.add_column("part / op")
+        w.add_column("baseline", justify="right")
+        w.add_column("opgym", justify="right")
+        w.add_column("share (baseline)", justify="right")
+        fwd = b.get("profiled_forward_ms") or 0
+        for name, _ in PARTS:
+            if name in bp:
+                w.add_row(name, _fmt(bp[name]), _fmt(op_.get(name)), f"{bp[name] / fwd * 100:.1f} %" if fwd else "")
+        w.add_row("RMSNorm (all calls)", _fmt(b["rms_norm_ms"], 2), _fmt(o["rms_norm_ms"], 2),
+                  f"{b['rms_norm_ms'] / fwd * 100:.2f} %" if fwd and b["rms_norm_ms"] is not None else "")
+        for e in (b.get("profile_top_ops") or [])[:4]:
+            w.add_row(f"{e['op']} (self, {e['calls']} calls)", _fmt(e["self_ms"]), "",
+                      f"{e['self_ms'] / fwd * 100:.1f} %" if fwd else "")
+        c.print(w)
+    a = Table(title="agreement (opgym vs baseline) and calls")
+    a.add_column("check")
+    a.add_column("value", justify="right")
+    a.add_row("prefill logits max |diff|", f"{ag['logits_max_abs_diff']:.4g}  (max |logit| {ag['logits_max_abs_baseline']:.4g})")
+    a.add_row("prefill logits max |diff| / max |logit|", f"{ag['logits_max_abs_diff_over_max_abs']:.4g}")
+    a.add_row("prefill logits max rel diff (elementwise)", f"{ag['logits_max_rel_diff']:.4g}")
+    a.add_row("prefill argmax positions differing", f"{ag['logits_argmax_positions_differing']} of {ag['logits_elements'] // ag['logits_shape'][-1]}")
+    a.add_row("logits differing", f"{ag['logits_elements_differing']:,} of {ag['logits_elements']:,}")
+    ex = ag["rms_norm_outputs"]
+    a.add_row("RMSNorm outputs vs HF on the same inputs",
+              f"{ex['differing']:,} of {ex['elements']:,} elements differ (max {ex['max_ulps']:.0f} ulp), {ex['calls']} calls")
+    a.add_row("greedy tokens identical", ("[green]yes[/green]" if ag["tokens_identical"] else
+                                          f"[red]no[/red], first divergence at token {ag['first_divergence']}"))
+    a.add_row("opgym calls fused / fallback", f"{_fmt(calls['fused'])} / {_fmt(calls['fallback'])}")
+    for op, v in (calls.get("per_op") or {}).items():
+        why = "; ".join(f"{r}: {n}" for r, n in v["reasons"].items())
+        a.add_row(f"  {op} fused / fallback", f"{v['fused']} / {v['fallback']}" + (f" ({why})" if why else "")
+                  + f"  (off: {v['switch']})")
+    c.print(a)
+
+
+def _variant_rows(ab: dict):
+    """(name, entry) for the baseline, each op alone, then all: the order of the table and the chart."""
+    yield "baseline", ab["baseline"]
+    yield from ab["variants"].items()
+
+
+def _pct_cell(b, v, higher_is_better: bool) -> str:
+    """A compact change cell for the ablation table (narrower than _change's, so that the table fits 120
+    columns): the sign says the direction, the colour whether that is good (the title says which way is)."""
+    pct = _pct(b, v)
+    if pct is None:
+        return "n/a"
+    if abs(pct) < 0.05:
+        return "0.0%"
+    color = "green" if (pct > 0) == higher_is_better else "red"
+    return f"[{color}]{pct:+.1f}%[/{color}]"
+
+
+def print_ablation(r: dict) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    c = Console() if sys.stdout.isatty() else Console(width=120)
+    ab, cfg = r["ablation"], r["config"]
+    n_base = len(ab["baseline"]["prefill_ms_runs"])
+    t = Table(title=f"ablation: each op alone and all ({'+'.join(ab['variants']['all']['ops'])}) against the baseline; "
+                    f"median and min-max of {cfg['repeats']} runs per variant, {n_base} baseline runs interleaved "
+                    f"with them; change vs the baseline's median (prefill: - is better, decode: + is better)")
+    t.add_column("ops", no_wrap=True)
+    t.add_column("prefill ms", justify="right", no_wrap=True)
+    t.add_column("min-max", justify="right", no_wrap=True)
+    t.add_column("change", justify="right", no_wrap=True)
+    t.add_column(f"decode tok/s ({cfg['max_new_tokens']} tok)", justify="right")
+    t.add_column("min-max", justify="right", no_wrap=True)
+    t.add_column("change", justify="right", no_wrap=True)
+    t.add_column("logits / tokens identical", justify="right")
+    t.add_column("fused / fallback", justify="right")
+
+    def cells(e, key, nd):
+        return _fmt(e[key], nd), f"{_fmt(e[key + '_min'], nd)}-{_fmt(e[key + '_max'], nd)}"
+
+    def yes(flag, detail=""):
+        return "[green]yes[/green]" if flag else f"[red]no[/red]{escape(detail)}"
+
+    b = ab["baseline"]
+    for name, e in _variant_rows(ab):
+        if e is b:
+            t.add_row("baseline", *cells(e, "prefill_ms", 1), "", *cells(e, "decode_tokens_per_s", 2), "", "", "")
+            continue
+        diff = e["logits_elements_differing"]
+        t.add_row(name, *cells(e, "prefill_ms", 1), _pct_cell(b["prefill_ms"], e["prefill_ms"], False),
+                  *cells(e, "decode_tokens_per_s", 2),
+                  _pct_cell(b["decode_tokens_per_s"], e["decode_tokens_per_s"], True),
+                  yes(e["logits_identical"], f" ({_fmt(diff)} differ)" if diff is not None else "") + " / "
+                  + yes(e["tokens_identical"]), f"{_fmt(e['calls']['fused'])} / {_fmt(e['calls']['fallback'])}")
+    c.print(t)
+    c.print(f"  chart: {ab['plot']}" if ab.get("plot") else "  chart: none (give --report or --plot)")
+
+
+def plot_ablation(r: dict, path: str) -> None:
+    """Bars per variant (baseline, each op alone, all) for prefill ms and decode tokens/s; the error
+    bars span the runs (min..max), so that a difference inside them reads as the noise it is."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ab, cfg, env = r["ablation"], r["config"], r["environment"]
+    rows = list(_variant_rows(ab))
+    labels = ["baseline\n(HF)" if k == "baseline" else f"{k}\nalone" if k != "all" else f"all\n({len(e['ops'])} ops)"
+              for k, e in rows]
+    colors = ["0.6"] + ["tab:blue"] * (len(rows) - 2) + ["tab:orange"]
+    fig, axes = plt.subplots(1, 2, figsize=(max(10, 2.2 * len(rows)), 5))
+    for ax, key, title in ((axes[0], "prefill_ms", "prefill (ms, lower is better)"),
+                           (axes[1], "decode_tokens_per_s",
+                            f"decode (tokens/s, {cfg['max_new_tokens']} greedy; higher is better)")):
+        med = [e[key] or 0.0 for _, e in rows]
+        lo = [max(0.0, m - (e[key + "_min"] if e[key + "_min"] is not None else m)) for m, (_, e) in zip(med, rows)]
+        hi = [max(0.0, (e[key + "_max"] if e[key + "_max"] is not None else m) - m) for m, (_, e) in zip(med, rows)]
+        x = range(len(rows))
+        ax.bar(x, med, color=colors, yerr=[lo, hi], capsize=5)
+        base_m = ab["baseline"][key]
+        for i, (m, (_, e)) in enumerate(zip(med, rows)):
+            text = f"{m:,.1f}" if key == "prefill_ms" else f"{m:.2f}"
+            pct = None if e is ab["baseline"] else _pct(base_m, e[key])
+            if pct is not None:
+                text += f"\n{pct:+.1f}%"
+            ax.annotate(text, (i, m + hi[i]), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+        ax.set_xticks(list(x), labels, fontsize=8)
+        ax.margins(y=0.15)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"opgym run --ablation: median of {cfg['repeats']} runs per variant, error bars min..max "
+                 f"(baseline {len(ab['baseline']['prefill_ms_runs'])} runs)\n"
+                 f"{cfg['text_layers']} text layers / {cfg['vision_blocks']} vision blocks, {cfg['dtype']}, "
+                 f"{cfg['device']}, {_threads_text(env)}; {env['cpu']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def emit(report: dict, args) -> None:
+    """The tables on stdout; the JSON at --report; the --ablation chart at its plot path."""
+    ablation = report.get("ablation")
+    print_report(report)
+    if ablation is not None:
+        print_ablation(report)
+    if args.report:
+        try:
+            Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as e:
+            raise UsageError(f"--report {args.report}: cannot write ({e.strerror})") from None
+    if ablation is not None and ablation["plot"]:
+        try:
+            Path(ablation["plot"]).parent.mkdir(parents=True, exist_ok=True)
+            plot_ablation(report, ablation["plot"])
+        except OSError as e:
+            raise UsageError(f"--plot {ablation['plot']}: cannot write ({e.strerror})") from None
