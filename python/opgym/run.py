@@ -1109,9 +1109,9 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
     if counts["ops"]:
         switches = {}
         with contextlib.suppress(Exception):
-            from .patch import _REGISTRY
+            from . import ops as _table
 
-            switches = {name: integ.env for name, integ in _REGISTRY.items()}
+            switches = {name: s.switch for name, s in _table.specs().items()}
         calls["per_op"] = {op: dict(v, switch=f"{switches.get(op, '?')}=0 or --ops without {op}")
                            for op, v in counts["ops"].items()}
 
