@@ -292,7 +292,7 @@ def test_switch_and_fallbacks(monkeypatch):
     monkeypatch.delenv("OPGYM_ADD_RMS_NORM")
     handle.reset_stats()
     # A fault inside the fused op: the layer runs HF's add and norm, the model's output is HF's.
-    import opgym.integrations.add_rms_norm as integ
+    import opgym.ops.add_rms_norm.integration as integ
 
     def boom(*a, **k):
         raise RuntimeError("simulated fault")

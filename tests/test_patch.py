@@ -9,7 +9,7 @@ from torch import nn
 
 import opgym
 import importlib
-patch_mod = importlib.import_module("opgym.integrations.rms_norm")
+patch_mod = importlib.import_module("opgym.ops.rms_norm.integration")
 NORMS = ("rms_norm",)  # these tests count RMSNorm calls: the layers' add+norm fusion is test_add_rms_norm.py's
 from conftest import ulp_diff, tiny_qwen25vl, graph_recorder
 
@@ -245,9 +245,16 @@ def test_fallback_when_grad_needed():
     handle.undo()
 
 
-def test_no_rms_norm_raises():
-    with pytest.raises(ValueError, match="has no RMSNorm module"):
-        opgym.patch(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)))
+def test_nothing_to_serve_warns_and_says_so():
+    # Issue 22: patch() takes any nn.Module; with nothing to serve it warns and the handle says so.
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    x = torch.randn(2, 4)
+    want = model(x)
+    with pytest.warns(UserWarning, match="nothing in Sequential is served"):
+        handle = opgym.patch(model)
+    assert not handle.active and handle.patched == [] and handle.stats()["fused"] == 0
+    assert torch.equal(model(x), want)
+    handle.undo()
     with pytest.raises(ValueError, match="unknown op"):
         opgym.patch(_tiny_qwen3(), ops=("softmax",))
 

@@ -230,7 +230,7 @@ def test_other_instances_untouched_switch_and_faults(monkeypatch):
 
 
 def test_partial_rotary_and_unverified_functions_fall_back(monkeypatch):
-    import opgym.integrations.rotary as integ
+    import opgym.ops.rotary.integration as integ
     from opgym.patch import Stats
 
     calls = []

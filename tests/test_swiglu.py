@@ -211,7 +211,7 @@ def test_long_prefill_in_row_chunks_bit_identical_with_less_memory(kind):
     from transformers import Qwen2Config
     from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
-    import opgym.integrations.swiglu as integ
+    import opgym.ops.swiglu.integration as integ
     from opgym.bench import _peak_bytes
 
     torch.manual_seed(0)

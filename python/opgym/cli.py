@@ -11,6 +11,8 @@ import importlib
 import os
 import sys
 
+from . import ops as _ops_table
+
 # The lazily imported subcommands: name -> (module, help). Each module exposes
 # add_arguments(parser) and main(args) -> int.
 LAZY = {
@@ -23,11 +25,16 @@ class UsageError(Exception):
     """Bad input from the user: reported as one line, exit code 2."""
 
 
+def _capture_ops() -> tuple:
+    """The ops with a capture part, in table order (rms_norm's file is --out)."""
+    return tuple(op for op in _ops_table.OPS if _ops_table.part(op, "capture") is not None)
+
+
 def _add_capture(sub) -> None:
-    p = sub.add_parser("capture", help="record the RMSNorm shapes of a real forward and write gym-format cases",
+    p = sub.add_parser("capture", help="record the shapes opgym's ops see in a real forward and write gym-format cases",
                        description="Builds (or loads) a Qwen2.5-VL model, runs generate on an image+text "
-                                   "prompt with every RMSNorm call hooked, and writes one gym-format case "
-                                   "per distinct signature.")
+                                   "prompt with every call opgym serves hooked, and writes one gym-format case "
+                                   "per distinct signature: RMSNorm's to --out, each other op's to its --<op>-out.")
     p.add_argument("--out", "-o", required=True, help="case file to write (e.g. cases/qwen2_5_vl_3b/rms_norm.json)")
     p.add_argument("--model", default=None,
                    help="local checkpoint directory (offline); default: the Qwen2.5-VL-3B architecture with "
@@ -42,15 +49,14 @@ def _add_capture(sub) -> None:
     p.add_argument("--prompt", default=None, help="text prompt")
     p.add_argument("--max-new-tokens", type=int, default=4, help="decode steps after the prefill (default 4)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--prefix", default="qwen2_5_vl_3b_rms_norm", help="case id prefix")
-    p.add_argument("--rotary-out", default=None, metavar="FILE",
-                   help="also write rotary's cases (every call of the rotary functions opgym.patch hooks)")
-    p.add_argument("--swiglu-out", default=None, metavar="FILE",
-                   help="also write swiglu's cases (every MLP opgym.patch serves: the activation on gate_up, "
-                        "bit for bit, and the whole MLP in PyPTO-Gym's swiglu_mlp schema)")
-    p.add_argument("--add-rms-norm-out", default=None, metavar="FILE",
-                   help="also write add_rms_norm's cases (the norms after a residual add that opgym.patch "
-                        "fuses; ids prefixed with --prefix's 'rms_norm' made 'add_rms_norm')")
+    p.add_argument("--prefix", default="qwen2_5_vl_3b",
+                   help="case id prefix: each op's ids start with PREFIX_<op> (default qwen2_5_vl_3b)")
+    for op in _capture_ops():
+        if op == "rms_norm":
+            continue  # --out
+        spec = _ops_table.spec(op)
+        p.add_argument(f"--{op.replace('_', '-')}-out", default=None, metavar="FILE", dest=f"out_{op}",
+                       help=f"also write {op}'s cases ({spec.title}: {spec.summary})")
     p.add_argument("--records", default=None, help="also write every recorded call as JSON here")
     p.set_defaults(func=_capture_main)
 
@@ -62,8 +68,9 @@ def _capture_main(args) -> int:
 
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be >= 1")
-    for flag, path in (("--out", args.out), ("--add-rms-norm-out", args.add_rms_norm_out),
-                       ("--rotary-out", args.rotary_out), ("--swiglu-out", args.swiglu_out)):
+    outs = {"rms_norm": args.out, **{op: getattr(args, f"out_{op}") for op in _capture_ops() if op != "rms_norm"}}
+    for op, path in outs.items():
+        flag = "--out" if op == "rms_norm" else f"--{op.replace('_', '-')}-out"
         out_dir = os.path.dirname(os.path.abspath(path)) if path else None
         if out_dir and not os.path.isdir(out_dir):
             raise UsageError(f"{flag}: directory {out_dir} does not exist")
@@ -113,32 +120,24 @@ def _capture_main(args) -> int:
                         f"{inputs['image_grid_thw'][0].tolist()}")
     source = (f"opgym capture: {what}; {args.dtype}; generate with {args.max_new_tokens} new tokens on "
               f"image+text prompts ({'; '.join(runs)})")
-    description = ("RMSNorm input signatures of Qwen2.5-VL-3B (prefill and decode), one case each; depth is "
-                   "reduced, every call site repeats per layer with the same shape" if not args.model else
-                   f"RMSNorm input signatures of {args.model} (prefill and decode), one case each")
-    data = cap.write(args.out, source=source, description=description, prefix=args.prefix)
-    if args.add_rms_norm_out:
-        add_prefix = args.prefix.replace("rms_norm", "add_rms_norm") if "rms_norm" in args.prefix \
-            else args.prefix + "_add_rms_norm"
-        add = cap.write(args.add_rms_norm_out, source=source, op="add_rms_norm", prefix=add_prefix,
-                        description=description.replace("RMSNorm input signatures", "Residual add + RMSNorm "
-                                                        "signatures (the norms opgym.patch fuses with the add)"))
-        print(f"wrote {len(add['test_cases'])} add_rms_norm cases to {args.add_rms_norm_out}")
-    if args.rotary_out:
-        rot_prefix = args.prefix.replace("rms_norm", "rotary") if "rms_norm" in args.prefix else args.prefix + "_rotary"
-        rot = cap.write(args.rotary_out, source=source, op="rotary", prefix=rot_prefix,
-                        description=description.replace("RMSNorm input signatures", "Rotary (q, k, cos, sin) "
-                                                        "signatures of the text (hf) and vision (fp32) attention"))
-        print(f"wrote {len(rot['test_cases'])} rotary cases to {args.rotary_out}")
-    if args.swiglu_out:
-        sw_prefix = args.prefix.replace("rms_norm", "swiglu") if "rms_norm" in args.prefix else args.prefix + "_swiglu"
-        sw = cap.write(args.swiglu_out, source=source, op="swiglu", prefix=sw_prefix,
-                       description=description.replace("RMSNorm input signatures", "SwiGLU MLP signatures of the "
-                                                       "text MLP and the vision MLP (biases)"))
-        print(f"wrote {len(sw['test_cases'])} swiglu cases to {args.swiglu_out}")
+    description = (f"input signatures of {'Qwen2.5-VL-3B' if not args.model else args.model} (prefill and decode), "
+                   "one case each" + ("; depth is reduced, every call site repeats per layer with the same shape"
+                                      if not args.model else ""))
+    data = None
+    for op, path in outs.items():
+        if not path:
+            continue
+        spec = _ops_table.spec(op)
+        written = cap.write(path, source=source, op=op, prefix=f"{args.prefix}_{op}",
+                            description=f"{spec.title}: {description}")
+        if op == "rms_norm":
+            data = written
+        else:
+            print(f"wrote {len(written['test_cases'])} {op} cases to {path}")
     if args.records:
         with open(args.records, "w") as f:
-            json.dump({"steps": cap.steps, "records": cap.records}, f, indent=1)
+            json.dump({"steps": cap.steps, "records": cap.records,
+                       "ops": {op: cap.recorder(op).records for op in outs}}, f, indent=1)
     print(cap.summary())
     print(f"wrote {len(data['test_cases'])} cases to {args.out}")
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import _ops  # noqa: F401 - registers torch.ops.opgym
+from . import _library  # noqa: F401 - registers torch.ops.opgym
 
 
 class RMSNorm(nn.Module):

@@ -125,10 +125,6 @@ def qwen2_5_vl_3b_config(text_layers: int | None = None, vision_blocks: int | No
     return config
 
 
-def _is_rms_norm(module) -> bool:
-    return type(module).__name__.endswith("RMSNorm")
-
-
 def _fill_uniform(t: torch.Tensor, rng, mean: float, std: float) -> None:
     """Fills t with uniform values of the given mean and standard deviation (half-width std*sqrt(3)),
     drawn in fp32 from numpy's PCG64: seeded, identical on every platform, and ~4x faster than
@@ -173,7 +169,9 @@ def build_model(config, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
     model.tie_weights()
     rng = np.random.default_rng(seed)
     std = float(getattr(getattr(config, "text_config", config), "initializer_range", 0.02))
-    norm_params = {id(m.weight) for m in model.modules() if _is_rms_norm(m)}
+    from .ops.rms_norm.integration import find_rms_norms
+
+    norm_params = {id(m.weight) for _, m in find_rms_norms(model)}
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         if id(p) in norm_params:
             _fill_uniform(p.data, rng, 1.0, 0.1)

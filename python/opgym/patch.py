@@ -3,139 +3,40 @@
 
 Nothing in transformers is edited: a patched forward is an attribute of each module instance.
 
-Each op's integration lives in `opgym/integrations/<op>.py` and registers itself here with one line,
-`register(name, env_switch, apply)`: `apply(model, handle, devices)` finds what the op serves and
-swaps forwards through `handle.replace_forward`. This module holds what they share: the registry,
-the per-op counters (fused / fallback with reasons), the run-time switches, the handle and undo.
-Ops are applied in registry order (rms_norm first, so a fused layer's fallback calls the fused norm).
+The ops are those of the op table (opgym/ops/__init__.py: OPS), applied in its order; each op's
+`integration.py` has `apply(model, handle, devices)`, which finds what the op serves, proves it (a
+verified forward fingerprint, or a probe), and swaps forwards through `handle.replace_forward`; what
+it cannot serve goes into `handle.skipped` with the reason. This module holds the handle, undo and
+the process-wide counters; the switch/fallback/count wrapper every patched forward uses is
+guard.guarded.
 
 Every op's switch is read at call time: OPGYM_<OP>=0 (or false/off/no) turns that op's fused path
-off without re-patching (OPGYM_RMS_NORM, OPGYM_ADD_RMS_NORM, OPGYM_ROTARY). Any input an op cannot serve, and any
-error from opgym, runs the original code: the model never raises because of opgym.
+off without re-patching (OPGYM_RMS_NORM, OPGYM_ADD_RMS_NORM, OPGYM_ROTARY, OPGYM_SWIGLU). Any input
+an op cannot serve, and any error from opgym, runs the original code: the model never raises
+because of opgym.
 """
 from __future__ import annotations
 
-import ast
-import hashlib
-import importlib
-import inspect
-import os
-import textwrap
 import threading
+import warnings
 import weakref
-from dataclasses import dataclass, field
-from typing import Callable
 
-import torch
 from torch import nn
 
-from . import _ops
+from . import _library, ops as _ops_table
+from .guard import Stats, devices_with_kernel, summary
 
-FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Every op of the table, in the order they are applied.
+SUPPORTED_OPS = _ops_table.OPS
 
-
-# ---- counters -----------------------------------------------------------------------------------
-
-@dataclass
-class Stats:
-    """Eager calls of one op through patched modules: `fused` ran opgym's kernel, `fallback` ran the
-    original code (with the reason counted in `reasons`). Calls inside a torch.compile'd graph are not
-    counted (a counter there would make dynamo recompile on every call)."""
-    fused: int = 0
-    fallback: int = 0
-    reasons: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        return {"fused": self.fused, "fallback": self.fallback, "reasons": dict(self.reasons)}
-
-    def reset(self) -> None:
-        self.fused = 0
-        self.fallback = 0
-        self.reasons.clear()
-
-
-def count(stats_list, fused: bool, reason: str | None = None) -> None:
-    for s in stats_list:
-        if fused:
-            s.fused += 1
-        else:
-            s.fallback += 1
-            s.reasons[reason] = s.reasons.get(reason, 0) + 1
-
-
-def _summary(per_op: dict) -> dict:
-    """Totals over ops (reasons merged; each op's switch names the op) plus `ops`: each op's own."""
-    total = {"fused": 0, "fallback": 0, "reasons": {}, "ops": {}}
-    for name, s in per_op.items():
-        d = s.as_dict()
-        total["ops"][name] = d
-        total["fused"] += d["fused"]
-        total["fallback"] += d["fallback"]
-        for r, n in d["reasons"].items():
-            total["reasons"][r] = total["reasons"].get(r, 0) + n
-    return total
-
-
-def fingerprint(fn) -> str | None:
-    """A hash of a function's statements (docstring, annotations, decorators and comments left out), or
-    None when its source cannot be read: how an integration proves that the HF code it replaces is the
-    code it was verified against."""
-    try:
-        src = textwrap.dedent(inspect.getsource(fn))
-        node = ast.parse(src).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return None
-    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return None
-    body = node.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    node.body, node.decorator_list, node.returns = body, [], None
-    for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
-        a.annotation = None
-    for a in (node.args.vararg, node.args.kwarg):
-        if a is not None:
-            a.annotation = None
-    return hashlib.sha256(ast.dump(node).encode()).hexdigest()[:16]
-
-
-# ---- the registry -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Integration:
-    name: str
-    env: str  # the run-time switch
-    apply: Callable  # apply(model, handle, devices)
-
-
-_REGISTRY: dict[str, Integration] = {}
-_GLOBAL: dict[str, Stats] = {}
+_GLOBAL: dict[str, Stats] = {name: Stats() for name in SUPPORTED_OPS}
 _LOCK = threading.Lock()
-
-
-def register(name: str, env: str, apply: Callable) -> None:
-    """Called once by each integration module (opgym/integrations/<op>.py)."""
-    with _LOCK:
-        _REGISTRY[name] = Integration(name, env, apply)
-        _GLOBAL.setdefault(name, Stats())
-
-
-# The integrations, in the order they are applied; importing one registers it (done on first use,
-# so an integration may import this module and its sibling integrations at load).
-SUPPORTED_OPS = ("rms_norm", "add_rms_norm", "rotary", "swiglu")
-
-
-def _load() -> None:
-    for name in SUPPORTED_OPS:
-        if name not in _REGISTRY:
-            importlib.import_module(f"{__package__}.integrations.{name}")
 
 
 def stats() -> dict:
     """Process-wide counts of patched calls: totals {"fused", "fallback", "reasons"} and, under
     "ops", the same per op."""
-    _load()
-    return _summary(_GLOBAL)
+    return summary(_GLOBAL)
 
 
 def reset_stats() -> None:
@@ -143,25 +44,11 @@ def reset_stats() -> None:
         s.reset()
 
 
-def switch_on(env: str) -> bool:
-    """A run-time switch: the variable set to 0/false/off/no turns that op's fused path off."""
-    return os.environ.get(env, "1").strip().lower() not in ("0", "false", "off", "no")
-
-
 def enabled(op: str = "rms_norm") -> bool:
     """An op's switch (OPGYM_RMS_NORM for rms_norm)."""
-    _load()
-    return switch_on(_REGISTRY[op].env)
+    from .guard import switch_on
 
-
-def devices_with_kernel(op: str = "rms_norm") -> frozenset:
-    devs = {"cpu"}
-    try:
-        if torch._C._dispatch_has_kernel_for_dispatch_key(f"opgym::{op}", "CUDA"):
-            devs.add("cuda")
-    except Exception:  # noqa: BLE001
-        pass
-    return frozenset(devs)
+    return switch_on(_ops_table.spec(op).switch)
 
 
 # ---- the handle ---------------------------------------------------------------------------------
@@ -204,7 +91,7 @@ class PatchHandle:
         self.patched_by_op.setdefault(op, []).append(name)
 
     def stats(self) -> dict:
-        return _summary({op: self._stats.setdefault(op, Stats()) for op in self.patched_by_op or self._stats})
+        return summary({op: self._stats.setdefault(op, Stats()) for op in self.patched_by_op or self._stats})
 
     def reset_stats(self) -> None:
         for s in self._stats.values():
@@ -239,38 +126,34 @@ class PatchHandle:
 
 
 def patch(model: nn.Module, ops=None) -> PatchHandle:
-    """Applies opgym's fused ops to `model`: every registered op by default (SUPPORTED_OPS), or the
+    """Applies opgym's fused ops to `model` (any nn.Module): every op of the table by default, or the
     ones named in `ops`.
 
-    Returns a PatchHandle; `handle.undo()` restores the model. Raises ValueError for an unknown op
-    name or a model without any RMSNorm module (when rms_norm is asked for), RuntimeError when the
-    compiled operators are missing.
+    Returns a PatchHandle: `patched_by_op` lists what each op serves, `skipped` what it left alone and
+    why; `handle.undo()` restores the model. A model with nothing opgym serves gets a handle that says
+    so (and a warning), never an error. Raises ValueError for an unknown op name or a non-Module,
+    RuntimeError when the compiled operators are missing.
     """
     if ops is None:
         ops = SUPPORTED_OPS
     if isinstance(ops, str):
         ops = (ops,)
-    _load()
-    unknown = [o for o in ops if o not in _REGISTRY]
+    unknown = [o for o in ops if o not in SUPPORTED_OPS]
     if unknown:
         raise ValueError(f"opgym.patch: unknown op(s) {unknown}; supported: {list(SUPPORTED_OPS)}")
     if not isinstance(model, nn.Module):
         raise ValueError(f"opgym.patch: expected a torch.nn.Module, got {type(model).__name__}")
-    _ops._require()
+    _library.require()
     handle = PatchHandle(model)
-    for name in SUPPORTED_OPS:  # registry order, whatever order `ops` names them in
-        if name in ops:
-            handle._stats.setdefault(name, Stats())
-            handle.patched_by_op.setdefault(name, [])
-            _REGISTRY[name].apply(model, handle, devices_with_kernel(name))
+    with _LOCK:
+        for name in SUPPORTED_OPS:  # table order, whatever order `ops` names them in
+            if name in ops:
+                handle._stats.setdefault(name, Stats())
+                handle.patched_by_op.setdefault(name, [])
+                spec = _ops_table.spec(name)
+                _ops_table.part(name, "integration").apply(model, handle, devices_with_kernel(spec.torch_ops[0]))
     handle.active = bool(handle.patched)
+    if not handle.patched:
+        warnings.warn(f"opgym.patch: nothing in {type(model).__name__} is served by {list(ops)} "
+                      f"({len(handle.skipped)} modules skipped; see handle.skipped)", stacklevel=2)
     return handle
-
-
-def __getattr__(name: str):
-    # RMSNorm's helpers, where they were before the per-op integrations.
-    if name in ("find_rms_norms", "is_rms_norm", "ENV_SWITCH"):
-        from .integrations import rms_norm
-
-        return getattr(rms_norm, name)
-    raise AttributeError(name)

@@ -1,6 +1,6 @@
-"""SwiGLU MLPs in HF models: `down_proj(act_fn(gate_proj(x)) * up_proj(x))` becomes one GEMM for gate
-and up (their weights merged), torch.ops.opgym.swiglu_merged, and down_proj (registered with
-opgym.patch as the op "swiglu"; switch OPGYM_SWIGLU).
+"""SwiGLU MLPs in HF models (opgym.patch's op "swiglu"; switch OPGYM_SWIGLU): `down_proj(act_fn(
+gate_proj(x)) * up_proj(x))` becomes one GEMM for gate and up (their weights merged),
+torch.ops.opgym.swiglu_merged, and down_proj.
 
 Which modules, and how the structure is proven: an MLP is served only when its class's forward is,
 statement for statement, one opgym has verified (`FINGERPRINTS`: transformers 5.23's Qwen2MLP, which
@@ -36,9 +36,10 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from ..patch import FUSED_DTYPES, count, fingerprint, register, switch_on
+from ...guard import FUSED_DTYPES, fingerprint, guarded, has_hooks as _has_hooks, tensor_reason
+from . import SPEC
 
-ENV_SWITCH = "OPGYM_SWIGLU"
+ENV_SWITCH = SPEC.switch
 ENV_MODE = "OPGYM_SWIGLU_MODE"  # auto (default) | merged | act
 CHUNK_ROWS = 256  # rows per chunk of a long input (merged mode, when the probe allows it)
 _PROBED: dict[tuple, tuple[bool, bool]] = {}  # signature -> (merge gives HF's bits, chunks give the same bits)
@@ -63,11 +64,6 @@ def mlp_kind(cls: type, cache: dict) -> str | None:
     if cls not in cache:
         cache[cls] = FINGERPRINTS.get(fingerprint(cls.forward) or "")
     return cache[cls]
-
-
-def _has_hooks(m: nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or getattr(m, "_backward_hooks", None)
-                or getattr(m, "_backward_pre_hooks", None)) or "forward" in m.__dict__
 
 
 def _verdict(mlp: nn.Module) -> str | None:
@@ -166,16 +162,13 @@ def _merge(mlp: nn.Module, handle) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def _fallback_reason(x, w, devices) -> str | None:
-    if not isinstance(x, torch.Tensor):
-        return "input is not a tensor"
-    if not (x.is_cpu or (x.is_cuda and "cuda" in devices)):
-        return f"no opgym kernel for device {x.device.type}"
+    reason = tensor_reason("swiglu", (x, w), devices)
+    if reason is not None:
+        return reason
     if x.dtype != w.dtype:
         return f"input dtype {x.dtype} differs from the weights' {w.dtype}"
     if x.device != w.device:
         return "input on another device"
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
-        return "gradient needed (opgym::swiglu has no backward)"
     if x.dim() < 1 or x.shape[-1] != w.shape[1]:
         return "shape mismatch"
     return None
@@ -206,28 +199,8 @@ def _make_forward(mlp: nn.Module, merge: bool, chunk: bool, handle, counters, de
         def fused(x):
             return down(act(gate(x), up(x)))
 
-    def forward(x):
-        weight = mlp.gate_proj.weight
-        if torch.compiler.is_compiling():  # decided once per graph, not counted (see patch.Stats)
-            if switch_on(ENV_SWITCH) and _fallback_reason(x, weight, devices) is None:
-                return fused(x)
-            return hf_forward(x)
-        if not switch_on(ENV_SWITCH):
-            reason = f"{ENV_SWITCH}=0"
-        else:
-            reason = _fallback_reason(x, weight, devices)
-            if reason is None:
-                try:
-                    y = fused(x)
-                except Exception as e:  # noqa: BLE001 - never raise because of opgym
-                    reason = f"opgym error: {type(e).__name__}"
-                else:
-                    count(counters, True)
-                    return y
-        count(counters, False, reason)
-        return hf_forward(x)
-
-    return forward
+    return guarded(ENV_SWITCH, counters, fused, hf_forward,
+                   lambda x: _fallback_reason(x, mlp.gate_proj.weight, devices))
 
 
 def swiglu_mlps(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
@@ -271,4 +244,7 @@ def apply(model: nn.Module, handle, devices) -> None:
                                _make_forward(mlp, merge, chunk, handle, handle.counters("swiglu"), devices))
 
 
-register("swiglu", ENV_SWITCH, apply)
+
+def sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The MLPs opgym.patch would serve."""
+    return [(n, m) for n, m, _ in swiglu_mlps(model)]

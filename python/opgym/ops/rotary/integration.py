@@ -1,6 +1,5 @@
-"""Rotary embeddings in HF attention: the q and k rotation (slices, neg, cat, two muls and an add for
-each) becomes one torch.ops.opgym.rotary call (registered with opgym.patch as the op "rotary"; switch
-OPGYM_ROTARY).
+"""Rotary embeddings in HF attention (opgym.patch's op "rotary"; switch OPGYM_ROTARY): the q and k
+rotation (slices, neg, cat, two muls and an add for each) becomes one torch.ops.opgym.rotary call.
 
 The hook, and why it is this narrow: transformers calls its rotary functions by their module-level
 name from inside the attention's forward (`apply_rotary_pos_emb(query_states, key_states, cos, sin)`
@@ -33,9 +32,10 @@ import types
 import torch
 from torch import nn
 
-from ..patch import FUSED_DTYPES, count, fingerprint, register, switch_on
+from ...guard import FUSED_DTYPES, fingerprint, guarded
+from . import SPEC
 
-ENV_SWITCH = "OPGYM_ROTARY"
+ENV_SWITCH = SPEC.switch
 
 # name in the modeling module -> (verified fingerprints of that function, the op's mode, HF's unsqueeze_dim)
 VERIFIED = {
@@ -75,33 +75,21 @@ def _make_rope(original, mode: str, counters, devices, vision: bool):
     op = torch.ops.opgym.rotary.default
 
     def fused(q, k, cos, sin, unsqueeze_dim):
-        if torch.compiler.is_compiling():  # decided once per graph, not counted (see patch.Stats)
-            if switch_on(ENV_SWITCH) and _fallback_reason(q, k, cos, sin, mode, unsqueeze_dim, devices) is None:
-                return torch.ops.opgym.rotary(q, k, cos, sin, unsqueeze_dim, mode)
-            return None
-        if not switch_on(ENV_SWITCH):
-            count(counters, False, f"{ENV_SWITCH}=0")
-            return None
-        reason = _fallback_reason(q, k, cos, sin, mode, unsqueeze_dim, devices)
-        if reason is None:
-            try:
-                out = op(q, k, cos, sin, unsqueeze_dim, mode)
-            except Exception as e:  # noqa: BLE001 - never raise because of opgym
-                reason = f"opgym error: {type(e).__name__}"
-            else:
-                count(counters, True)
-                return out
-        count(counters, False, reason)
-        return None
+        return op(q, k, cos, sin, unsqueeze_dim, mode)
+
+    def check(q, k, cos, sin, unsqueeze_dim):
+        return _fallback_reason(q, k, cos, sin, mode, unsqueeze_dim, devices)
 
     if vision:
+        call = guarded(ENV_SWITCH, counters, fused, lambda q, k, cos, sin, _u: original(q, k, cos, sin), check)
+
         def rope(q, k, cos, sin):
-            out = fused(q, k, cos, sin, -2)
-            return original(q, k, cos, sin) if out is None else out
+            return call(q, k, cos, sin, -2)
     else:
+        call = guarded(ENV_SWITCH, counters, fused, original, check)
+
         def rope(q, k, cos, sin, unsqueeze_dim=1):
-            out = fused(q, k, cos, sin, unsqueeze_dim)
-            return original(q, k, cos, sin, unsqueeze_dim) if out is None else out
+            return call(q, k, cos, sin, unsqueeze_dim)
     rope.__wrapped__ = original
     return rope
 
@@ -207,4 +195,15 @@ def apply(model: nn.Module, handle, devices) -> None:
         handle.replace_forward(m, "rotary", name, _forward_with(cls, m, namespaces[cls]))
 
 
-register("rotary", ENV_SWITCH, apply)
+
+def sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The attention modules whose forward calls a rotary function opgym has verified."""
+    hooked: dict[type, tuple | None] = {}
+    out = []
+    for name, m in model.named_modules():
+        cls = type(m)
+        if cls not in hooked:
+            hooked[cls] = _hooked_name(cls)
+        if hooked[cls] is not None and hooked[cls][1] is not None:
+            out.append((name, m))
+    return out

@@ -1,6 +1,6 @@
-"""Residual add + RMSNorm in HF layers: the layer's forward is swapped for one that computes
-`residual + x` and the following RMSNorm in one torch.ops.opgym.add_rms_norm call (registered with
-opgym.patch as the op "add_rms_norm"; switch OPGYM_ADD_RMS_NORM).
+"""Residual add + RMSNorm in HF layers (opgym.patch's op "add_rms_norm"; switch OPGYM_ADD_RMS_NORM):
+the layer's forward is swapped for one that computes `residual + x` and the following RMSNorm in one
+torch.ops.opgym.add_rms_norm call.
 
 Which layers, and how the structure is proven: a layer is fused only when its class's forward is,
 statement for statement, one that opgym has verified (its AST, docstring, annotations and decorators
@@ -31,10 +31,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..patch import FUSED_DTYPES, count, fingerprint, register, switch_on
-from .rms_norm import _eps_of, is_rms_norm, norm_verdict
+from ...guard import fingerprint, guarded, layout_reason, tensor_reason
+from ..rms_norm.integration import _eps_of, is_rms_norm, norm_verdict
+from . import SPEC
 
-ENV_SWITCH = "OPGYM_ADD_RMS_NORM"
+ENV_SWITCH = SPEC.switch
 
 # Fingerprints of the forwards opgym has verified (see forward_fingerprint), by the shape they have.
 FINGERPRINTS = {
@@ -68,23 +69,16 @@ def fused_norms(model: nn.Module) -> list[nn.Module]:
 
 
 def _fallback_reason(x, residual, w, devices) -> str | None:
-    if not isinstance(x, torch.Tensor) or not isinstance(residual, torch.Tensor):
-        return "input is not a tensor"
-    if not (x.is_cpu or (x.is_cuda and "cuda" in devices)):
-        return f"no opgym kernel for device {x.device.type}"
-    if x.dtype not in FUSED_DTYPES or w.dtype not in FUSED_DTYPES:
-        return f"dtype {x.dtype}/{w.dtype} not supported"
+    reason = tensor_reason("add_rms_norm", (x, residual, w), devices)
+    if reason is not None:
+        return reason
     if residual.dtype != x.dtype:
         return f"residual dtype {residual.dtype} differs from {x.dtype}"
-    if torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or w.requires_grad):
-        return "gradient needed (opgym::add_rms_norm has no backward)"
     if residual.device != x.device or w.device != x.device:
         return "tensors on different devices"
     if residual.shape != x.shape or x.dim() < 1 or x.shape[-1] != w.shape[0]:
         return "shape mismatch"
-    if x.shape[-1] > 1 and (x.stride(-1) != 1 or residual.stride(-1) != 1):
-        return "last dim not contiguous"
-    return None
+    return layout_reason((x, residual))
 
 
 def _make_add_norm(norm: nn.Module, counters, devices):
@@ -92,30 +86,15 @@ def _make_add_norm(norm: nn.Module, counters, devices):
     op = torch.ops.opgym.add_rms_norm.default
     eps = _eps_of(norm)
 
-    def add_norm(x, residual):
-        w = norm.weight
-        if torch.compiler.is_compiling():  # decided once per graph, not counted (see patch.Stats)
-            if switch_on(ENV_SWITCH) and _fallback_reason(x, residual, w, devices) is None:
-                return torch.ops.opgym.add_rms_norm(x, residual, w, eps)
-            s = residual + x
-            return norm(s), s
-        if not switch_on(ENV_SWITCH):
-            reason = f"{ENV_SWITCH}=0"
-        else:
-            reason = _fallback_reason(x, residual, w, devices)
-            if reason is None:
-                try:
-                    out, s = op(x, residual, w, eps)
-                except Exception as e:  # noqa: BLE001 - never raise because of opgym
-                    reason = f"opgym error: {type(e).__name__}"
-                else:
-                    count(counters, True)
-                    return out, s
-        count(counters, False, reason)
+    def fused(x, residual):
+        return op(x, residual, norm.weight, eps)
+
+    def unfused(x, residual):
         s = residual + x
         return norm(s), s
 
-    return add_norm
+    return guarded(ENV_SWITCH, counters, fused, unfused,
+                   lambda x, residual: _fallback_reason(x, residual, norm.weight, devices))
 
 
 class _Stash:
@@ -264,4 +243,8 @@ def apply(model: nn.Module, handle, devices) -> None:
                                _decoder_forward(layer, add_norm, stash_in, next_add_norm, stash_out, pl))
 
 
-register("add_rms_norm", ENV_SWITCH, apply)
+
+def sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The norms opgym.patch fuses with the residual add before them, with their paths."""
+    ids = {id(n) for n in fused_norms(model)}
+    return [(name, m) for name, m in model.named_modules() if id(m) in ids]

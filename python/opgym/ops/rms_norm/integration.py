@@ -1,5 +1,5 @@
-"""RMSNorm in HF models: every RMSNorm module instance's forward is swapped for one that calls
-torch.ops.opgym.rms_norm (registered with opgym.patch as the op "rms_norm"; switch OPGYM_RMS_NORM).
+"""RMSNorm in HF models (opgym.patch's op "rms_norm"; switch OPGYM_RMS_NORM): every RMSNorm module
+instance's forward is swapped for one that calls torch.ops.opgym.rms_norm.
 
 Which modules: a module whose class carries HF's `kernel_layer_name == "RMSNorm"` label (set by
 `use_kernel_forward_from_hub("RMSNorm")`, e.g. Qwen2_5_VLRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm,
@@ -22,9 +22,10 @@ import types
 import torch
 from torch import nn
 
-from ..patch import FUSED_DTYPES as _FUSED_DTYPES, count, register, switch_on
+from ...guard import FUSED_DTYPES as _FUSED_DTYPES, count, guarded, layout_reason, tensor_reason
+from . import SPEC
 
-ENV_SWITCH = "OPGYM_RMS_NORM"
+ENV_SWITCH = SPEC.switch
 
 
 def _eps_of(module: nn.Module) -> float | None:
@@ -94,55 +95,34 @@ def _fallback_reason(x, w, devices, full: bool = True) -> str | None:
     dtype), by the cheapest attributes; full=True adds what the op checks itself (the weight's
     device, shapes, strides), to name the reason after the op refused, and for torch.compile's trace,
     which must not reach an op that would refuse."""
-    if not isinstance(x, torch.Tensor):
-        return "input is not a tensor"
-    if not (x.is_cpu or (x.is_cuda and "cuda" in devices)):
-        return f"no opgym kernel for device {x.device.type}"
-    if x.dtype not in _FUSED_DTYPES or w.dtype not in _FUSED_DTYPES:
-        return f"dtype {x.dtype}/{w.dtype} not supported"
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
-        return "gradient needed (opgym::rms_norm has no backward)"
-    if not full:
-        return None
+    reason = tensor_reason("rms_norm", (x, w), devices)
+    if reason is not None or not full:
+        return reason
     if w.device != x.device:
         return "weight and input on different devices"
     if x.dim() < 1 or x.shape[-1] != w.shape[0]:
         return "shape mismatch"
-    if x.shape[-1] > 1 and x.stride(-1) != 1:
-        return "last dim not contiguous"
-    return None
+    return layout_reason((x,))
 
 
 def _make_forward(module: nn.Module, original, eps: float, counters, devices):
     op = torch.ops.opgym.rms_norm.default  # resolved once; mode "hf" and weight_offset False are its defaults
+    w_of = lambda: module.weight  # noqa: E731 - read at each call: the parameter may be replaced (.to(), load)
+
+    def fused(x):
+        return op(x, w_of(), eps)
+
+    call = guarded(ENV_SWITCH, counters, fused, original,
+                   # Per token at decode: only the up-front checks; the op checks the rest itself.
+                   lambda x: _fallback_reason(x, w_of(), devices, False),
+                   lambda x: _fallback_reason(x, w_of(), devices))
 
     def forward(self, hidden_states, *args, **kwargs):
-        if torch.compiler.is_compiling():
-            # Traced by torch.compile: the same decisions, made once per compiled graph (dynamo guards
-            # on dtype/device/grad mode/OPGYM_RMS_NORM), and no counting: updating a Python int
-            # here would become a guard on its value and recompile the graph on every call.
-            if args or kwargs or not switch_on(ENV_SWITCH) or _fallback_reason(hidden_states, self.weight, devices):
-                return original(hidden_states, *args, **kwargs)
-            return torch.ops.opgym.rms_norm(hidden_states, self.weight, eps, "hf", False)
         if args or kwargs:
-            count(counters, False, "extra arguments")
+            if not torch.compiler.is_compiling():
+                count(counters, False, "extra arguments")
             return original(hidden_states, *args, **kwargs)
-        if not switch_on(ENV_SWITCH):
-            count(counters, False, f"{ENV_SWITCH}=0")
-            return original(hidden_states)
-        # Per token at decode: only the up-front checks; the op checks the rest itself.
-        w = self.weight
-        reason = _fallback_reason(hidden_states, w, devices, False)
-        if reason is not None:
-            count(counters, False, reason)
-            return original(hidden_states)
-        try:
-            out = op(hidden_states, w, eps)
-        except Exception as e:  # noqa: BLE001 - never raise because of opgym
-            count(counters, False, _fallback_reason(hidden_states, w, devices) or f"opgym error: {type(e).__name__}")
-            return original(hidden_states)
-        count(counters, True)
-        return out
+        return call(hidden_states)
 
     return types.MethodType(forward, module)
 
@@ -160,10 +140,6 @@ def norm_verdict(module: nn.Module, cache: dict, forward=None) -> str | None:
 def apply(model: nn.Module, handle, devices) -> None:
     """Patches every RMSNorm module of `model` that opgym serves; records them in `handle`."""
     found = find_rms_norms(model)
-    if not found:
-        raise ValueError(
-            f"opgym.patch: {type(model).__name__} has no RMSNorm module (looked for classes labelled "
-            "kernel_layer_name == 'RMSNorm' or named *RMSNorm with a 1-D weight and variance_epsilon/eps)")
     verdict: dict[type, str | None] = {}
     for name, module in found:
         if handle.owned_elsewhere(module, "rms_norm"):
@@ -178,4 +154,7 @@ def apply(model: nn.Module, handle, devices) -> None:
                                _make_forward(module, original, _eps_of(module), handle.counters("rms_norm"), devices))
 
 
-register("rms_norm", ENV_SWITCH, apply)
+
+def sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The RMSNorm modules of `model` (what opgym.capture hooks and opgym run labels)."""
+    return find_rms_norms(model)

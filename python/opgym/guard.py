@@ -1,0 +1,186 @@
+"""What every op's integration shares: the counters, the run-time switches, the common fallback
+reasons, the AST fingerprint that proves which HF code a patch replaces, and the guarded call that
+puts them together. A leaf module: it imports torch and nothing of opgym, so any integration (and
+patch.py) can import it without an import circle.
+
+The guarded call is the one shape every patched forward has:
+
+    call = guarded(switch, counters, fused, fallback, check)
+    call(*args)   # fused(*args) when the switch is on and check(*args) is None, else fallback(*args)
+
+- the switch (OPGYM_<OP>=0, read at each call) turns the fused path off without re-patching;
+- `check` names, cheaply, why the fused path must not take this call (None: it may);
+- an exception from the fused path runs the fallback: the model never raises because of opgym; the
+  reason counted is `full_check`'s (the op's own checks, named) or "opgym error: <type>";
+- under torch.compile the same decisions are made once per graph (dynamo guards on what they read)
+  and nothing is counted: a Python counter there would make dynamo recompile on every call.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import os
+import textwrap
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# ---- counters -----------------------------------------------------------------------------------
+
+@dataclass
+class Stats:
+    """Eager calls of one op through patched modules: `fused` ran opgym's kernel, `fallback` ran the
+    original code (with the reason counted in `reasons`). Calls inside a torch.compile'd graph are not
+    counted (a counter there would make dynamo recompile on every call)."""
+    fused: int = 0
+    fallback: int = 0
+    reasons: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"fused": self.fused, "fallback": self.fallback, "reasons": dict(self.reasons)}
+
+    def reset(self) -> None:
+        self.fused = 0
+        self.fallback = 0
+        self.reasons.clear()
+
+
+def count(stats_list, fused: bool, reason: str | None = None) -> None:
+    for s in stats_list:
+        if fused:
+            s.fused += 1
+        else:
+            s.fallback += 1
+            s.reasons[reason] = s.reasons.get(reason, 0) + 1
+
+
+def summary(per_op: dict) -> dict:
+    """Totals over ops (reasons merged; each op's switch names the op) plus `ops`: each op's own."""
+    total = {"fused": 0, "fallback": 0, "reasons": {}, "ops": {}}
+    for name, s in per_op.items():
+        d = s.as_dict()
+        total["ops"][name] = d
+        total["fused"] += d["fused"]
+        total["fallback"] += d["fallback"]
+        for r, n in d["reasons"].items():
+            total["reasons"][r] = total["reasons"].get(r, 0) + n
+    return total
+
+
+# ---- switches -----------------------------------------------------------------------------------
+
+def switch_on(env: str) -> bool:
+    """A run-time switch: the variable set to 0/false/off/no turns that op's fused path off."""
+    return os.environ.get(env, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+# ---- proofs of structure ------------------------------------------------------------------------
+
+def fingerprint(fn) -> str | None:
+    """A hash of a function's statements (docstring, annotations, decorators and comments left out), or
+    None when its source cannot be read: how an integration proves that the HF code it replaces is the
+    code it was verified against."""
+    try:
+        src = textwrap.dedent(inspect.getsource(fn))
+        node = ast.parse(src).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    node.body, node.decorator_list, node.returns = body, [], None
+    for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+        a.annotation = None
+    for a in (node.args.vararg, node.args.kwarg):
+        if a is not None:
+            a.annotation = None
+    return hashlib.sha256(ast.dump(node).encode()).hexdigest()[:16]
+
+
+def has_hooks(m: torch.nn.Module) -> bool:
+    """Any forward/backward hook on m, or a forward set on the instance."""
+    return bool(m._forward_hooks or m._forward_pre_hooks or getattr(m, "_backward_hooks", None)
+                or getattr(m, "_backward_pre_hooks", None)) or "forward" in m.__dict__
+
+
+def devices_with_kernel(op: str) -> frozenset:
+    """Device types on which torch.ops.opgym.<op> has a kernel (always the CPU)."""
+    devs = {"cpu"}
+    try:
+        if torch._C._dispatch_has_kernel_for_dispatch_key(f"opgym::{op}", "CUDA"):
+            devs.add("cuda")
+    except Exception:  # noqa: BLE001
+        pass
+    return frozenset(devs)
+
+
+# ---- the common fallback reasons ----------------------------------------------------------------
+
+def tensor_reason(op: str, tensors: tuple, devices, *, dtypes=FUSED_DTYPES, grad=True) -> str | None:
+    """What every op checks first, cheapest first: all tensors, on a device with an opgym kernel (the
+    first tensor's), of a served dtype, no gradient needed through any of them. The dtype reason names
+    the first tensor's and the last's (the input's and the weight's). (Plain loops: this runs on every
+    decode-step call.)"""
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            return "input is not a tensor"
+    x = tensors[0]
+    if not (x.is_cpu or (x.is_cuda and "cuda" in devices)):
+        return f"no opgym kernel for device {x.device.type}"
+    for t in tensors:
+        if t.dtype not in dtypes:
+            return f"dtype {x.dtype}/{tensors[-1].dtype} not supported"
+    if grad and torch.is_grad_enabled():
+        for t in tensors:
+            if t.requires_grad:
+                return f"gradient needed (opgym::{op} has no backward)"
+    return None
+
+
+def layout_reason(tensors: tuple) -> str | None:
+    """Tensors on one device, each with a contiguous last dim."""
+    if any(t.device != tensors[0].device for t in tensors[1:]):
+        return "tensors on different devices"
+    if any(t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1 for t in tensors):
+        return "last dim not contiguous"
+    return None
+
+
+# ---- the guarded call ---------------------------------------------------------------------------
+
+def guarded(switch: str, counters, fused: Callable, fallback: Callable, check: Callable,
+            full_check: Callable | None = None) -> Callable:
+    """call(*args): fused(*args) when `switch` is on and check(*args) is None, else fallback(*args),
+    counted into `counters` (see the module docstring). `full_check` names the reason after the fused
+    path raised, and is what torch.compile's trace checks up front (default: `check`)."""
+    traced_check = full_check or check
+
+    def call(*args):
+        if torch.compiler.is_compiling():
+            if switch_on(switch) and traced_check(*args) is None:
+                return fused(*args)
+            return fallback(*args)
+        if not switch_on(switch):
+            reason = f"{switch}=0"
+        else:
+            reason = check(*args)
+            if reason is None:
+                try:
+                    out = fused(*args)
+                except Exception as e:  # noqa: BLE001 - never raise because of opgym
+                    reason = (full_check(*args) if full_check is not None else None) \
+                        or f"opgym error: {type(e).__name__}"
+                else:
+                    count(counters, True)
+                    return out
+        count(counters, False, reason)
+        return fallback(*args)
+
+    return call

@@ -1,1 +1,0 @@
-"""Each fused op's integration into HF models (one module per op); each registers itself with opgym.patch."""
