@@ -105,6 +105,30 @@ def test_top_level_ops_per_decode_step(tiny_report):
     assert "top-level torch ops per text layer" in r.stdout
 
 
+def test_every_op_has_its_share_of_the_prefill(tiny_report):
+    """Every op of the table gets its share of the profiled prefill on both sides: its sites' forwards
+    (HF's on the baseline, the patched ones on the opgym side) and, on the opgym side, the self time of
+    its own operators; RMSNorm's figures are its op's."""
+    from opgym.ops import OPS, spec
+
+    rep, r = tiny_report
+    b, o = rep["baseline"]["op_shares"], rep["opgym"]["op_shares"]
+    assert list(b) == list(OPS) == list(o)
+    for op in OPS:
+        be, oe = b[op], o[op]
+        assert be["sites"] == oe["sites"] > 0, op
+        assert be["site_calls"] > 0 and be["site_ms"] > 0 and 0 < be["site_share"] < 1, (op, be)
+        assert be["operator_calls"] == 0 and be["operator_ms"] == 0, (op, be)  # no opgym operator in HF's run
+        assert oe["operators"] == [f"opgym::{t}" for t in spec(op).torch_ops]
+        assert oe["operator_calls"] > 0 and oe["operator_ms"] > 0 and 0 < oe["operator_share"] < 1, (op, oe)
+        assert 0 <= oe["site_calls"] <= be["site_calls"] and (oe["site_ms"] is None) == (oe["site_calls"] == 0)
+        assert spec(op).title in r.stdout, op
+    assert b["rms_norm"]["site_ms"] == rep["baseline"]["rms_norm_ms"]
+    assert o["rms_norm"]["site_share"] == rep["opgym"]["rms_norm_share"]
+    assert o["rms_norm"]["site_calls"] == rep["opgym"]["rms_norm_calls_per_prefill"]
+    assert "each op's share of one prefill" in r.stdout
+
+
 def test_copy_calls_reported(tiny_report):
     """The vision rotary's fp32 upcasts (q, k, cos, sin and the casts back, per block) are aten::copy_
     calls HF makes and opgym's fused rotary does not."""
@@ -195,7 +219,7 @@ def ablation_report(tmp_path_factory):
 
 
 def test_ablation_one_variant_per_op_and_all(ablation_report):
-    from opgym.patch import SUPPORTED_OPS
+    from opgym.ops import OPS as SUPPORTED_OPS
 
     rep, r, _ = ablation_report
     ab = rep["ablation"]
@@ -288,7 +312,7 @@ def test_saved_checkpoint_loads_through_model(saved_checkpoint, tmp_path):
     assert rep["config"]["text_layers"] == 1 and rep["config"]["text_hidden_size"] == 256
     assert rep["calls"]["fused"] > 0 and rep["calls"]["fallback"] == 0
     # every op patched into the loaded checkpoint, each fused at least once
-    from opgym.patch import SUPPORTED_OPS
+    from opgym.ops import OPS as SUPPORTED_OPS
 
     assert {op: v["fused"] > 0 for op, v in rep["calls"]["per_op"].items()} == {op: True for op in SUPPORTED_OPS}
     assert rep["agreement"]["tokens_identical"] is True

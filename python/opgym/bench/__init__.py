@@ -14,25 +14,23 @@ shape and thread count. Results go to a table, CSV and JSON, and a PNG of GB/s a
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
+from ..ops import OPS, part
 from .cases import default_cases
 from .report import table_and_plot, write_files
 from .timing import peak_bytes as _peak_bytes  # noqa: F401 - the name tests/test_swiglu.py imports
 
-_BENCH_OPS = ("rms_norm", "add_rms_norm", "rotary", "swiglu")
-
 
 def op_module(op: str):
     """The op's bench module (opgym.ops.<op>.bench)."""
-    return importlib.import_module(f"opgym.ops.{op}.bench")
+    return part(op, "bench")
 
 
 def bench_ops() -> list[str]:
-    """The ops that have a bench module."""
-    return list(_BENCH_OPS)
+    """The ops of the op table that have a bench module, in table order."""
+    return [op for op in OPS if part(op, "bench") is not None]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -91,12 +91,13 @@ def _main(args) -> int:
     if args.plot and not args.ablation:
         raise UsageError("--plot is the chart of --ablation; add --ablation")
     opgym = load_opgym()
-    supported = getattr(sys.modules.get("opgym.patch"), "SUPPORTED_OPS", None)
+    from ..ops import OPS
+
     if all_ops:
-        ops = tuple(supported or ("rms_norm",))
-    unknown = [o for o in ops if supported is not None and o not in supported]
+        ops = OPS
+    unknown = [o for o in ops if o not in OPS]
     if unknown:
-        raise UsageError(f"--ops: unknown op(s) {', '.join(unknown)}; this opgym supports {', '.join(supported)}")
+        raise UsageError(f"--ops: unknown op(s) {', '.join(unknown)}; this opgym supports {', '.join(OPS)}")
     if args.ablation and len(ops) < 2:
         raise UsageError(f"--ablation compares each op alone with all of them: --ops {args.ops} names one op")
     dtype = getattr(torch, args.dtype)
@@ -116,6 +117,7 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
     from . import compare, report
     from .environment import environment
     from .measure import PeakMemory, measure, side_result, syncer
+    from .profile import op_sites
     from .sides import Sides, calls_section
     from .workload import build_workload
 
@@ -129,7 +131,8 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
     opt = sides.patched("opgym", ops, True)
     singles = [sides.patched(f"opgym {op} only", (op,), False) for op in ops] if args.ablation else []
     mem = PeakMemory(device)
-    measure(model, inputs, args, device, progress, base, [*singles, opt], mem, profiled_sides=(base, opt))
+    sites = op_sites(model)  # each op's sites, taken on the model as built (both sides label the same modules)
+    measure(model, inputs, args, device, progress, base, [*singles, opt], mem, sites, profiled_sides=(base, opt))
 
     progress.step("opgym: each RMSNorm output against HF's on the same input (one prefill, uncompiled)")
     h = opgym.patch(model, ops=ops)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..numerics import ulp_distance
 from .measure import pct, spread_entry
-from .profile import rms_modules
+from ..ops.rms_norm.integration import find_rms_norms
 
 
 def rms_exactness(model, inputs, sync) -> dict:
@@ -30,7 +30,7 @@ def rms_exactness(model, inputs, sync) -> dict:
             if out.dtype == ref.dtype:
                 acc["max_ulps"] = max(acc["max_ulps"], float(ulp_distance(out, ref).max().item()))
 
-    handles = [m.register_forward_hook(hook) for m in rms_modules(model)]
+    handles = [m.register_forward_hook(hook) for _, m in find_rms_norms(model)]
     try:
         with torch.inference_mode():
             model(**inputs, use_cache=True, logits_to_keep=1)
@@ -101,7 +101,7 @@ def ablation(base, singles, opt, base_logits, opt_logits) -> dict:
         e["logits_elements_differing"] = differing
         e["tokens_identical"] = side.tokens == base.tokens
         c = side.counts
-        e["calls"] = {"fused": c["fused"] if c["have"] else None, "fallback": c["fallback"] if c["have"] else None,
+        e["calls"] = {"fused": c["fused"], "fallback": c["fallback"],
                       "per_op": {op: {"fused": v["fused"], "fallback": v["fallback"]} for op, v in c["ops"].items()}}
         variants[key] = e
     return {

@@ -135,7 +135,7 @@ def syncer(device: str):
     return (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
 
 
-def measure(model, inputs, args, device, progress, base, variants, mem, profiled_sides=None) -> None:
+def measure(model, inputs, args, device, progress, base, variants, mem, sites, profiled_sides=None) -> None:
     """Warm-up, timed prefill and generate, profile, for the baseline and each variant (the opgym side;
     under --ablation also one side per op alone, the all-ops side last).
 
@@ -144,7 +144,8 @@ def measure(model, inputs, args, device, progress, base, variants, mem, profiled
     next to a baseline run on the same machine (other processes, thermal state, allocator) and switching
     is one patch/undo (milliseconds); with one variant that is the plain A/B. The baseline thus runs
     once per variant and round. Under --compile the sides run one after the other (switching would
-    recompile). Only the sides in `profiled_sides` (default: all) get the profiled prefill and op counts."""
+    recompile). Only the sides in `profiled_sides` (default: all) get the profiled prefill and op counts;
+    `sites`: each op's sites (profile.op_sites), labelled in the profiled prefill."""
     import torch
 
     from .profile import profile_side
@@ -200,7 +201,7 @@ def measure(model, inputs, args, device, progress, base, variants, mem, profiled
 
     def profiled(side):
         progress.step(f"{side.name}: profiling one prefill (torch.profiler)")
-        side.profile.update(profile_side(model, inputs, prefill, device, sync, args.compile))
+        side.profile.update(profile_side(model, inputs, prefill, device, sync, args.compile, sites))
         progress.done()
 
     sides = (base, *variants)

@@ -1,12 +1,20 @@
 """The profiled prefill of a side (torch.profiler): where the time goes (the model's parts, the top
-ops, RMSNorm's ranges, copies) and the top-level ops of one decode step."""
+ops, each op's share, copies) and the top-level ops of one decode step.
+
+Each op's share, for every op of the op table (opgym.ops.OPS), on both sides:
+    sites      a record_function range around each call of the op's sites' forwards (the modules its
+               integration's sites(model) names: the modules whose HF forward the op serves or
+               contains), self + children: HF's own ops on the baseline, the patched forward and
+               opgym's operators on the opgym side
+    operators  the self time of the profiler events of the op's torch operators (its SPEC.torch_ops,
+               opgym::<name>): what opgym's kernels themselves cost (none on the baseline)
+both in ms and as a fraction of the profiled prefill's range."""
 from __future__ import annotations
 
 import contextlib
 
 from .measure import quiet_stderr
 
-RMS_LABEL = "opgym_run::rms_norm"
 FWD_LABEL = "opgym_run::forward"
 STEP_LABEL = "opgym_run::step::"
 LAYER_LABEL = "opgym_run::text_layer0"
@@ -18,8 +26,20 @@ def part_label(name):
     return f"opgym_run::part::{name}"
 
 
-def rms_modules(model):
-    return [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+def op_label(op: str) -> str:
+    return f"opgym_run::op::{op}"
+
+
+def op_sites(model) -> dict:
+    """op -> the modules of its sites (its integration's sites(model)), for every op of the table; taken
+    from the model as built, so that both sides label the same modules."""
+    from ..ops import OPS, part
+
+    out = {}
+    for op in OPS:
+        integ = part(op, "integration")
+        out[op] = [m for _, m in integ.sites(model)] if integ is not None and hasattr(integ, "sites") else []
+    return out
 
 
 def _is_op(name: str) -> bool:
@@ -94,56 +114,93 @@ def decode_op_counts(model, inputs, sync) -> dict:
 
 
 @contextlib.contextmanager
-def _rms_ranges(model, sync):
-    """Wraps every RMSNorm module call in a record_function range (and counts the calls), and the
-    model's big parts (vision encoder, text decoder, LM head) in ranges of their own.
-
-    Whatever runs inside the module's forward is inside the range: HF's eight aten ops for the
-    baseline; the patched forward and opgym's operator for the opgym side."""
+def _ranges(wraps, sync):
+    """Every call of each (module, label) in `wraps` becomes a record_function range with that label
+    (whatever runs inside the module's forward is inside it); yields the calls counted per label."""
     from torch.autograd.profiler import record_function
 
-    counter, handles = [0], []
-
-    def wrap(module, label, count):
+    calls, handles = {}, []
+    for module, label in wraps:
+        calls.setdefault(label, 0)
         stack = []
 
-        def pre(m, args):
+        def pre(m, args, label=label, stack=stack):
             sync()
             rf = record_function(label)
             rf.__enter__()
             stack.append(rf)
 
-        def post(m, args, output):
+        def post(m, args, output, label=label, stack=stack):
             sync()
             stack.pop().__exit__(None, None, None)
-            if count:
-                counter[0] += 1
+            calls[label] += 1
 
         handles.append(module.register_forward_pre_hook(pre))
         handles.append(module.register_forward_hook(post))
-
-    for m in rms_modules(model):
-        wrap(m, RMS_LABEL, True)
-    for name, path in PARTS:
-        m = model
-        for attr in path:
-            m = getattr(m, attr, None)
-        if m is not None:
-            wrap(m, part_label(name), False)
     try:
-        yield counter
+        yield calls
     finally:
         for h in handles:
             h.remove()
 
 
-def profile_side(model, inputs, prefill, device, sync, compiled: bool) -> dict:
-    """One prefill under torch.profiler (the model in the side's state), then the decode op counts."""
+def _parts(model):
+    """(module, label) of the model's big parts: vision encoder, text decoder, LM head."""
+    out = []
+    for name, path in PARTS:
+        m = model
+        for attr in path:
+            m = getattr(m, attr, None)
+        if m is not None:
+            out.append((m, part_label(name)))
+    return out
+
+
+def _op_shares(ka, calls, sites, fwd_us) -> dict:
+    """Each op's sites' range time and its operators' self time, in ms and as shares of the prefill."""
+    from ..ops import spec
+
+    def share(us):
+        return us / fwd_us if (fwd_us and us is not None) else None
+
+    out = {}
+    for op, modules in sites.items():
+        sp = spec(op)
+        n_site = calls.get(op_label(op), 0)
+        site_us = ka[op_label(op)].cpu_time_total if n_site and op_label(op) in ka else None
+        evs = [ka[f"opgym::{t}"] for t in sp.torch_ops if f"opgym::{t}" in ka]
+        op_us = sum(e.self_cpu_time_total for e in evs)
+        out[op] = {
+            "title": sp.title,
+            "sites": len(modules),
+            "site_calls": n_site,
+            "site_ms": site_us / 1e3 if site_us is not None else None,
+            "site_share": share(site_us),
+            "operators": [f"opgym::{t}" for t in sp.torch_ops],
+            "operator_calls": sum(e.count for e in evs),
+            "operator_ms": op_us / 1e3,
+            "operator_share": share(op_us),
+        }
+    return out
+
+
+OP_SHARES_MEASURED_AS = (
+    "torch.profiler over one prefill; per op of the op table: site_* = record_function ranges around each "
+    "call of the op's sites' forwards (its integration's sites(model), as built), self + children, null when "
+    "none ran (the fused path of another op replaced the call, or a compiled graph inlined the module); "
+    "operator_* = self time of the events of the op's torch operators (opgym::<name>); shares are fractions "
+    "of the profiled prefill's range; ranges nest (a norm add_rms_norm fuses is also an RMSNorm site)")
+
+
+def profile_side(model, inputs, prefill, device, sync, compiled: bool, sites: dict) -> dict:
+    """One prefill under torch.profiler (the model in the side's state), then the decode op counts.
+    `sites`: op_sites(model), taken once on the model as built."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     prof = profile(activities=acts)
-    with _rms_ranges(model, sync) as calls:
+    wraps = _parts(model) + [(m, op_label(op)) for op, modules in sites.items() for m in modules]
+    with _ranges(wraps, sync) as calls:
         with quiet_stderr():  # the profiler backend prints start/stop lines on fd 2
             prof.__enter__()
         try:
@@ -164,7 +221,10 @@ def profile_side(model, inputs, prefill, device, sync, compiled: bool) -> dict:
     out["profile_top_ops"] = [
         {"op": e.key, "self_ms": e.self_cpu_time_total / 1e3, "calls": e.count,
          "self_share": (e.self_cpu_time_total / fwd_us) if fwd_us else None} for e in top]
-    rms_us = ka[RMS_LABEL].cpu_time_total if RMS_LABEL in ka else 0.0
+    # RMSNorm's figures (the rms_norm op's sites are every RMSNorm module: find_rms_norms)
+    rms = op_label("rms_norm")
+    n_rms = calls.get(rms, 0)
+    rms_us = ka[rms].cpu_time_total if rms in ka else 0.0
     op = ka.get("opgym::rms_norm")
     out["opgym_op_ms"] = op.cpu_time_total / 1e3 if op is not None else None
     out["opgym_op_calls"] = op.count if op is not None else 0
@@ -173,7 +233,7 @@ def profile_side(model, inputs, prefill, device, sync, compiled: bool) -> dict:
     out["copy_calls_per_prefill"] = cp.count if cp is not None else 0
     out["copy_ms"] = cp.self_cpu_time_total / 1e3 if cp is not None else 0.0
     out["copy_share"] = (cp.self_cpu_time_total / fwd_us) if (cp is not None and fwd_us) else None
-    if calls[0] == 0 and compiled:
+    if n_rms == 0 and compiled:
         # Compiled graphs inline the modules, so the module ranges never open. opgym's operator stays
         # a single op in the graph and is still timed; HF's RMSNorm is fused by inductor into its
         # neighbours and cannot be separated.
@@ -184,6 +244,8 @@ def profile_side(model, inputs, prefill, device, sync, compiled: bool) -> dict:
         out["rms_norm_measured_as"] = "record_function range around each RMSNorm module call (self + children)"
     out["rms_norm_ms"] = rms_us / 1e3 if rms_us is not None else None
     out["rms_norm_share"] = (rms_us / fwd_us) if (fwd_us and rms_us is not None) else None
-    out["rms_norm_calls_per_prefill"] = calls[0] if calls[0] or not compiled else out["opgym_op_calls"]
+    out["rms_norm_calls_per_prefill"] = n_rms if n_rms or not compiled else out["opgym_op_calls"]
+    out["op_shares"] = _op_shares(ka, calls, sites, fwd_us)
+    out["op_shares_measured_as"] = OP_SHARES_MEASURED_AS
     out["decode_top_level_ops"] = decode_op_counts(model, inputs, sync)
     return out

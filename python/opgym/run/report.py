@@ -102,6 +102,7 @@ def print_report(r: dict) -> None:
             w.add_row(f"{e['op']} (self, {e['calls']} calls)", _fmt(e["self_ms"]), "",
                       f"{e['self_ms'] / fwd * 100:.1f} %" if fwd else "")
         c.print(w)
+    _print_op_shares(c, b, o)
     a = Table(title="agreement (opgym vs baseline) and calls")
     a.add_column("check")
     a.add_column("value", justify="right")
@@ -121,6 +122,35 @@ def print_report(r: dict) -> None:
         a.add_row(f"  {op} fused / fallback", f"{v['fused']} / {v['fallback']}" + (f" ({why})" if why else "")
                   + f"  (off: {v['switch']})")
     c.print(a)
+
+
+def _share_cell(ms, share, calls) -> str:
+    if ms is None:
+        return f"n/a ({calls} calls)"
+    return f"{ms:,.2f} ms  {share * 100:.2f} %  ({calls} calls)" if share is not None else f"{ms:,.2f} ms ({calls} calls)"
+
+
+def _print_op_shares(c, b: dict, o: dict) -> None:
+    """Each op of the table: its sites' forwards on both sides, and opgym's operators alone."""
+    from rich.table import Table
+
+    bs, os_ = b.get("op_shares") or {}, o.get("op_shares") or {}
+    if not bs and not os_:
+        return
+    t = Table(title="each op's share of one prefill (torch.profiler; % of the profiled prefill; sites: the "
+                    "modules the op serves, range self + children; ranges nest)")
+    t.add_column("op (sites)")
+    t.add_column("baseline: its sites", justify="right")
+    t.add_column("opgym: its sites", justify="right")
+    t.add_column("opgym: its operators (self)", justify="right")
+    for op in dict.fromkeys([*bs, *os_]):
+        be, oe = bs.get(op), os_.get(op)
+        e = be or oe
+        t.add_row(f"{e['title']} ({e['sites']})",
+                  _share_cell(be["site_ms"], be["site_share"], be["site_calls"]) if be else "n/a",
+                  _share_cell(oe["site_ms"], oe["site_share"], oe["site_calls"]) if oe else "n/a",
+                  _share_cell(oe["operator_ms"], oe["operator_share"], oe["operator_calls"]) if oe else "n/a")
+    c.print(t)
 
 
 def _variant_rows(ab: dict):

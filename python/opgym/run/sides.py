@@ -43,51 +43,6 @@ class Switch:
             self.current = side
 
 
-def _counts(opgym, handle) -> dict | None:
-    """fused/fallback call counts from whatever the package exposes (handle or module level)."""
-    for src in (handle, opgym):
-        if src is None:
-            continue
-        for name in ("stats", "counts", "call_counts"):
-            obj = getattr(src, name, None)
-            if obj is None:
-                continue
-            try:
-                val = obj() if callable(obj) else obj
-            except TypeError:
-                continue
-            d = val if isinstance(val, dict) else getattr(val, "__dict__", None)
-            if not d:
-                continue
-            d = _flatten_counts(d)
-            if d is not None:
-                return d
-    return None
-
-
-def _flatten_counts(d: dict) -> dict | None:
-    if "fused" in d and "fallback" in d:
-        return {"fused": int(d["fused"]), "fallback": int(d["fallback"])}
-    fused = fallback = 0
-    found = False
-    for v in d.values():  # per-op dicts, e.g. {"rms_norm": {"fused": .., "fallback": ..}}
-        if isinstance(v, dict) and "fused" in v and "fallback" in v:
-            fused += int(v["fused"])
-            fallback += int(v["fallback"])
-            found = True
-    return {"fused": fused, "fallback": fallback} if found else None
-
-
-def _reset_counts(opgym, handle) -> None:
-    for src in (handle, opgym):
-        for name in ("reset_stats", "reset_counts", "reset"):
-            fn = getattr(src, name, None)
-            if callable(fn) and src is not None:
-                with contextlib.suppress(Exception):
-                    fn()
-                    return
-
-
 class Sides:
     """Builds the sides of one run: the baseline and patched sides over the same model. `patch_ms` is the
     first opgym.patch of the all-ops side, timed."""
@@ -118,7 +73,7 @@ class Sides:
         """A side whose on() is opgym.patch(model, ops=side_ops) and off() the undo; the patch handle's
         call counters are summed into side.counts at each undo."""
         handle = [None]
-        counts = {"fused": 0, "fallback": 0, "have": False, "ops": {}}
+        counts = {"fused": 0, "fallback": 0, "ops": {}}
 
         def on():
             t0 = time.perf_counter()
@@ -128,25 +83,22 @@ class Sides:
                 raise UsageError(f"--ops {self.args.ops}: {e}") from None
             if timed_patch and self.patch_ms is None:
                 self.patch_ms = (time.perf_counter() - t0) * 1e3
-            _reset_counts(None, h)
+            h.reset_stats()
             handle[0] = h
             self.compile_on()
 
         def off():
             h, handle[0] = handle[0], None
             self.compile_off()
-            c = _counts(None, h)
-            if c is not None:
-                counts["fused"] += c["fused"]
-                counts["fallback"] += c["fallback"]
-                counts["have"] = True
-            with contextlib.suppress(Exception):
-                for op, st in h.stats().get("ops", {}).items():
-                    acc = counts["ops"].setdefault(op, {"fused": 0, "fallback": 0, "reasons": {}})
-                    acc["fused"] += st["fused"]
-                    acc["fallback"] += st["fallback"]
-                    for r, n in st["reasons"].items():
-                        acc["reasons"][r] = acc["reasons"].get(r, 0) + n
+            st = h.stats()
+            counts["fused"] += st["fused"]
+            counts["fallback"] += st["fallback"]
+            for op, o in st["ops"].items():
+                acc = counts["ops"].setdefault(op, {"fused": 0, "fallback": 0, "reasons": {}})
+                acc["fused"] += o["fused"]
+                acc["fallback"] += o["fallback"]
+                for r, n in o["reasons"].items():
+                    acc["reasons"][r] = acc["reasons"].get(r, 0) + n
             h.undo()
 
         side = Side(name, on, off)
@@ -155,25 +107,19 @@ class Sides:
 
 
 def calls_section(opt: Side, model, compiled: bool) -> dict:
-    """The report's `calls`: the opgym side's fused / fallback counts, in all and per op."""
-    from .profile import rms_modules
+    """The report's `calls`: the opgym side's fused / fallback counts (its patch handles' stats), in all
+    and per op with the op's switch."""
+    from ..ops import spec
+    from ..ops.rms_norm.integration import find_rms_norms
 
     counts = opt.counts
-    if counts["have"]:
-        calls = {"fused": counts["fused"], "fallback": counts["fallback"],
-                 "counted_over": "every opgym-side run: warm-up, timed prefill and generate, profiled prefill "
-                                 "(not the exactness check)"
-                 + ("; under --compile the patched forward runs (and counts) only while dynamo traces a graph"
-                    if compiled else "")}
-    else:
-        calls = {"fused": None, "fallback": None, "counted_over": "opgym exposes no call counters"}
-    calls["rms_norm_modules"] = len(rms_modules(model))
+    calls = {"fused": counts["fused"], "fallback": counts["fallback"],
+             "counted_over": "every opgym-side run: warm-up, timed prefill and generate, profiled prefill "
+                             "(not the exactness check)"
+             + ("; under --compile the patched forward runs (and counts) only while dynamo traces a graph"
+                if compiled else "")}
+    calls["rms_norm_modules"] = len(find_rms_norms(model))
     if counts["ops"]:
-        switches = {}
-        with contextlib.suppress(Exception):
-            from ..patch import _REGISTRY
-
-            switches = {name: integ.env for name, integ in _REGISTRY.items()}
-        calls["per_op"] = {op: dict(v, switch=f"{switches.get(op, '?')}=0 or --ops without {op}")
+        calls["per_op"] = {op: dict(v, switch=f"{spec(op).switch}=0 or --ops without {op}")
                            for op, v in counts["ops"].items()}
     return calls
