@@ -124,10 +124,10 @@ def print_report(r: dict) -> None:
     c.print(a)
 
 
-def _share_cell(ms, share, calls) -> str:
+def _share_cell(ms, share) -> str:
     if ms is None:
-        return f"n/a ({calls} calls)"
-    return f"{ms:,.2f} ms  {share * 100:.2f} %  ({calls} calls)" if share is not None else f"{ms:,.2f} ms ({calls} calls)"
+        return "n/a"
+    return f"{ms:,.2f} ms, {share * 100:.2f} %" if share is not None else f"{ms:,.2f} ms"
 
 
 def _print_op_shares(c, b: dict, o: dict) -> None:
@@ -137,19 +137,21 @@ def _print_op_shares(c, b: dict, o: dict) -> None:
     bs, os_ = b.get("op_shares") or {}, o.get("op_shares") or {}
     if not bs and not os_:
         return
-    t = Table(title="each op's share of one prefill (torch.profiler; % of the profiled prefill; sites: the "
-                    "modules the op serves, range self + children; ranges nest)")
-    t.add_column("op (sites)")
-    t.add_column("baseline: its sites", justify="right")
-    t.add_column("opgym: its sites", justify="right")
-    t.add_column("opgym: its operators (self)", justify="right")
+    t = Table(title="each op's share of one prefill (torch.profiler, % of the profiled prefill; sites: the modules "
+                    "the op serves, range self + children; operators: opgym's own, self time; ranges nest)")
+    t.add_column("op (sites)", no_wrap=True)
+    t.add_column("baseline: sites", justify="right")
+    t.add_column("opgym: sites", justify="right")
+    t.add_column("opgym: operators", justify="right")
+    t.add_column("calls: sites b / o / operators", justify="right")
+    na = {"site_ms": None, "site_share": None, "site_calls": "-", "operator_ms": None, "operator_share": None,
+          "operator_calls": "-"}
     for op in dict.fromkeys([*bs, *os_]):
-        be, oe = bs.get(op), os_.get(op)
-        e = be or oe
-        t.add_row(f"{e['title']} ({e['sites']})",
-                  _share_cell(be["site_ms"], be["site_share"], be["site_calls"]) if be else "n/a",
-                  _share_cell(oe["site_ms"], oe["site_share"], oe["site_calls"]) if oe else "n/a",
-                  _share_cell(oe["operator_ms"], oe["operator_share"], oe["operator_calls"]) if oe else "n/a")
+        be, oe = bs.get(op) or na, os_.get(op) or na
+        e = bs.get(op) or os_.get(op)
+        t.add_row(f"{e['title']} ({e['sites']})", _share_cell(be["site_ms"], be["site_share"]),
+                  _share_cell(oe["site_ms"], oe["site_share"]), _share_cell(oe["operator_ms"], oe["operator_share"]),
+                  f"{be['site_calls']} / {oe['site_calls']} / {oe['operator_calls']}")
     c.print(t)
 
 
