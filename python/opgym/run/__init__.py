@@ -11,9 +11,11 @@ the same way:
     decode       `--repeats` x generate(do_sample=False, max_new_tokens = min_new_tokens = N);
                  the time of each new token is taken from a streamer, so decode tokens/s is
                  (N - 1) / (time of token N - time of token 1): the prefill is not in it; median
-    profile      one more prefill under torch.profiler, with every RMSNorm module call wrapped in a
-                 record_function range: RMSNorm time = the sum of those ranges (self + children),
-                 share = that / the whole forward's range
+    profile      one more prefill under torch.profiler; for every op of the op table (opgym.ops.OPS),
+                 each call of its sites (the modules its integration's sites(model) names) wrapped in a
+                 record_function range: the op's share = those ranges (self + children) / the whole
+                 forward's range, on both sides, and on the opgym side the self time of its torch
+                 operators too (run/profile.py); RMSNorm's figures are the rms_norm op's
     memory       CPU: the process's peak resident set (VmHWM from /proc/self/status, weights included),
                  reset through /proc/self/clear_refs before each timed prefill+generate; the side's
                  peak is the largest; CUDA: torch.cuda.max_memory_allocated
@@ -34,6 +36,9 @@ Threads: torch's default (what a user's run gets) unless --threads N forces N; t
 
 Bad input (a missing or malformed --model, an image that cannot be read, a checkpoint that is not
 Qwen2.5-VL, cuda without CUDA) ends with one line naming the problem and exit code 2.
+
+The jobs are this package's modules: options, workload (model, inputs), sides (A/B switching),
+measure (timing, memory), profile, compare (logits, tokens, exactness), environment, report, progress.
 """
 from __future__ import annotations
 
