@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ...guard import fingerprint, guarded, layout_reason, tensor_reason
+from ..rms_norm.admission import Variant, Verdicts
 from ..rms_norm.integration import _eps_of, is_rms_norm, norm_verdict
 from . import SPEC
 
@@ -82,19 +83,30 @@ def _fallback_reason(x, residual, w, devices) -> str | None:
 
 
 def _make_add_norm(norm: nn.Module, counters, devices):
-    """add_norm(x, residual) -> (norm(residual + x), residual + x), fused where the op serves."""
+    """add_norm(x, residual) -> (norm(residual + x), residual + x), fused where the op serves, with
+    the RMSNorm variant the norm's admission probe found for that signature."""
     op = torch.ops.opgym.add_rms_norm.default
     eps = _eps_of(norm)
+    verdicts = Verdicts(norm)
+
+    def check(x, residual):
+        w = norm.weight
+        reason = _fallback_reason(x, residual, w, devices)
+        if reason is not None:
+            return reason
+        v = verdicts.get(x.dtype, w.dtype)
+        return None if isinstance(v, Variant) else f"{v} (add_rms_norm)"
 
     def fused(x, residual):
-        return op(x, residual, norm.weight, eps)
+        w = norm.weight
+        v = verdicts.by_sig[(x.dtype, w.dtype)]
+        return op(x, residual, w, eps, v.mode, v.weight_offset)
 
     def unfused(x, residual):
         s = residual + x
         return norm(s), s
 
-    return guarded(ENV_SWITCH, counters, fused, unfused,
-                   lambda x, residual: _fallback_reason(x, residual, norm.weight, devices))
+    return guarded(ENV_SWITCH, counters, fused, unfused, check)
 
 
 class _Stash:
