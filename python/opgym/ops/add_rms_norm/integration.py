@@ -193,6 +193,20 @@ def _vision_forward(block: nn.Module, add_norm):
 _BUILDERS = {"decoder": _decoder_forward, "vision": _vision_forward}
 
 
+def _hf_path_in_training(layer: nn.Module, fused_forward):
+    """The instance forward opgym installs: in training with gradients on, HF's own class forward (its
+    GradientCheckpointingLayer wrapper checkpoints there, and sets use_cache off; every fused op would
+    fall back anyway, as none has a backward); otherwise the fused statements."""
+    hf_forward = type(layer).forward
+
+    def forward(*args, **kwargs):
+        if layer.training and torch.is_grad_enabled():
+            return hf_forward(layer, *args, **kwargs)
+        return fused_forward(*args, **kwargs)
+
+    return forward
+
+
 def _neighbours(model: nn.Module) -> tuple[dict, dict]:
     """(next, prev): id(layer) -> (the next / previous layer in its ModuleList, the stash that list's
     layers share)."""
@@ -244,15 +258,15 @@ def apply(model: nn.Module, handle, devices) -> None:
     for name, layer, kind in fused.values():
         add_norm = _make_add_norm(getattr(layer, _NORM_ATTR[kind]), counters, devices)
         if kind != "decoder":
-            handle.replace_forward(layer, "add_rms_norm", name, _BUILDERS[kind](layer, add_norm))
+            handle.replace_forward(layer, "add_rms_norm", name, _hf_path_in_training(layer, _BUILDERS[kind](layer, add_norm)))
             continue
         pl, stash_in = prv.get(id(layer), (None, None))
         stash_in = stash_in if chained(pl, layer) else None
         nl, stash_out = nxt.get(id(layer), (None, None))
         next_add_norm = _make_add_norm(nl.input_layernorm, counters, devices) if chained(layer, nl) else None
         stash_out = stash_out if next_add_norm is not None else None
-        handle.replace_forward(layer, "add_rms_norm", name,
-                               _decoder_forward(layer, add_norm, stash_in, next_add_norm, stash_out, pl))
+        handle.replace_forward(layer, "add_rms_norm", name, _hf_path_in_training(
+            layer, _decoder_forward(layer, add_norm, stash_in, next_add_norm, stash_out, pl)))
 
 
 
