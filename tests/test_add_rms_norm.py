@@ -410,3 +410,30 @@ def test_compile_whole_patched_model_fullgraph():
     assert len(graphs) == 1
     assert graphs[0].count("torch.ops.opgym.add_rms_norm") == 2
     assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_gradient_checkpointing_goes_through_hf(use_reentrant):
+    # Issue 27: a patched decoder layer in training runs HF's own class forward, whose wrapper
+    # checkpoints (transformers 5.x checkpoints in the class's forward, which an instance forward
+    # would go around): the checkpoint function is called per layer and the gradients are HF's.
+    model = _tiny_qwen3().float()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    model.train()
+    ids = _ids()
+
+    def grads():
+        model.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref = grads()
+    calls = []
+    with opgym.patch(model) as handle:
+        assert handle.patched_by_op["add_rms_norm"]
+        for layer in model.model.layers:
+            inner = layer._gradient_checkpointing_func
+            layer._gradient_checkpointing_func = lambda *a, _f=inner, **k: (calls.append(1), _f(*a, **k))[1]
+        got = grads()
+    assert len(calls) == len(model.model.layers)
+    assert got.keys() == ref.keys() and all(torch.equal(got[n], ref[n]) for n in ref)

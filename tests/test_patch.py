@@ -259,15 +259,26 @@ def test_nothing_to_serve_warns_and_says_so():
         opgym.patch(_tiny_qwen3(), ops=("softmax",))
 
 
-def test_gemma_style_norms_are_skipped():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gemma_style_norms_are_served_exactly(dtype):
+    # Issue 23: Gemma's norm scales by (1 + weight) in fp32 and rounds once; the admission probe tells
+    # that variant apart by bits and the norms are served with it (they were skipped before).
     from transformers import GemmaConfig, GemmaForCausalLM
 
     cfg = GemmaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-    model = GemmaForCausalLM(cfg).eval()
-    handle = opgym.patch(model, ops=NORMS)
-    assert handle.patched == [] and handle.skipped
-    assert all("(1 + weight)" in why for why in handle.skipped.values())
+    model = GemmaForCausalLM(cfg).eval().to(dtype)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.copy_(0.3 * torch.randn_like(p))  # weights of zeros would hide the 1 + w
+        ids = _ids(vocab=256)
+        ref = model(ids).logits
+        handle = opgym.patch(model, ops=NORMS)
+        assert len(handle.patched) == 3 and not handle.skipped
+        out = model(ids).logits
+    assert torch.equal(out, ref) and handle.stats()["fused"] == 3
+    handle.undo()
 
 
 class OffsetRMSNorm(nn.Module):

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ...guard import fingerprint, guarded, layout_reason, tensor_reason
+from ..rms_norm.admission import Variant, Verdicts
 from ..rms_norm.integration import _eps_of, is_rms_norm, norm_verdict
 from . import SPEC
 
@@ -82,19 +83,30 @@ def _fallback_reason(x, residual, w, devices) -> str | None:
 
 
 def _make_add_norm(norm: nn.Module, counters, devices):
-    """add_norm(x, residual) -> (norm(residual + x), residual + x), fused where the op serves."""
+    """add_norm(x, residual) -> (norm(residual + x), residual + x), fused where the op serves, with
+    the RMSNorm variant the norm's admission probe found for that signature."""
     op = torch.ops.opgym.add_rms_norm.default
     eps = _eps_of(norm)
+    verdicts = Verdicts(norm)
+
+    def check(x, residual):
+        w = norm.weight
+        reason = _fallback_reason(x, residual, w, devices)
+        if reason is not None:
+            return reason
+        v = verdicts.get(x.dtype, w.dtype)
+        return None if isinstance(v, Variant) else f"{v} (add_rms_norm)"
 
     def fused(x, residual):
-        return op(x, residual, norm.weight, eps)
+        w = norm.weight
+        v = verdicts.by_sig[(x.dtype, w.dtype)]
+        return op(x, residual, w, eps, v.mode, v.weight_offset)
 
     def unfused(x, residual):
         s = residual + x
         return norm(s), s
 
-    return guarded(ENV_SWITCH, counters, fused, unfused,
-                   lambda x, residual: _fallback_reason(x, residual, norm.weight, devices))
+    return guarded(ENV_SWITCH, counters, fused, unfused, check)
 
 
 class _Stash:
@@ -181,6 +193,20 @@ def _vision_forward(block: nn.Module, add_norm):
 _BUILDERS = {"decoder": _decoder_forward, "vision": _vision_forward}
 
 
+def _hf_path_in_training(layer: nn.Module, fused_forward):
+    """The instance forward opgym installs: in training with gradients on, HF's own class forward (its
+    GradientCheckpointingLayer wrapper checkpoints there, and sets use_cache off; every fused op would
+    fall back anyway, as none has a backward); otherwise the fused statements."""
+    hf_forward = type(layer).forward
+
+    def forward(*args, **kwargs):
+        if layer.training and torch.is_grad_enabled():
+            return hf_forward(layer, *args, **kwargs)
+        return fused_forward(*args, **kwargs)
+
+    return forward
+
+
 def _neighbours(model: nn.Module) -> tuple[dict, dict]:
     """(next, prev): id(layer) -> (the next / previous layer in its ModuleList, the stash that list's
     layers share)."""
@@ -232,15 +258,15 @@ def apply(model: nn.Module, handle, devices) -> None:
     for name, layer, kind in fused.values():
         add_norm = _make_add_norm(getattr(layer, _NORM_ATTR[kind]), counters, devices)
         if kind != "decoder":
-            handle.replace_forward(layer, "add_rms_norm", name, _BUILDERS[kind](layer, add_norm))
+            handle.replace_forward(layer, "add_rms_norm", name, _hf_path_in_training(layer, _BUILDERS[kind](layer, add_norm)))
             continue
         pl, stash_in = prv.get(id(layer), (None, None))
         stash_in = stash_in if chained(pl, layer) else None
         nl, stash_out = nxt.get(id(layer), (None, None))
         next_add_norm = _make_add_norm(nl.input_layernorm, counters, devices) if chained(layer, nl) else None
         stash_out = stash_out if next_add_norm is not None else None
-        handle.replace_forward(layer, "add_rms_norm", name,
-                               _decoder_forward(layer, add_norm, stash_in, next_add_norm, stash_out, pl))
+        handle.replace_forward(layer, "add_rms_norm", name, _hf_path_in_training(
+            layer, _decoder_forward(layer, add_norm, stash_in, next_add_norm, stash_out, pl)))
 
 
 
