@@ -212,7 +212,7 @@ def test_long_prefill_in_row_chunks_bit_identical_with_less_memory(kind):
     from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
     import opgym.ops.swiglu.integration as integ
-    from opgym.bench import _peak_bytes
+    from opgym.bench.timing import peak_bytes as _peak_bytes
 
     torch.manual_seed(0)
     cfg = Qwen2Config(hidden_size=256, intermediate_size=1024, hidden_act="silu")

@@ -20,7 +20,6 @@ from pathlib import Path
 from ..ops import OPS, part
 from .cases import default_cases
 from .report import table_and_plot, write_files
-from .timing import peak_bytes as _peak_bytes  # noqa: F401 - the name tests/test_swiglu.py imports
 
 
 def op_module(op: str):
