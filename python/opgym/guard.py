@@ -81,12 +81,38 @@ def switch_on(env: str) -> bool:
 
 # ---- proofs of structure ------------------------------------------------------------------------
 
+_FINGERPRINTS: dict = {}  # code object -> fingerprint (inspect + ast are most of patch()'s time)
+
+
 def fingerprint(fn) -> str | None:
     """A hash of a function's statements (docstring, annotations, decorators and comments left out), or
     None when its source cannot be read: how an integration proves that the HF code it replaces is the
-    code it was verified against."""
+    code it was verified against. A wrapped function (functools.wraps) is hashed by what it wraps;
+    `wrappers(fn)` names the wrappers themselves."""
+    target = inspect.unwrap(fn) if callable(fn) else fn
+    code = getattr(target, "__code__", None)
+    if code is not None and code in _FINGERPRINTS:
+        return _FINGERPRINTS[code]
+    fp = _hash_source(target)
+    if code is not None:
+        _FINGERPRINTS[code] = fp
+    return fp
+
+
+def wrappers(fn) -> tuple:
+    """The fingerprints of the wrappers around fn (outermost first; each one's own code, not what it
+    wraps): a verified body inside an unknown wrapper is not the code that runs."""
+    out = []
+    while callable(fn) and hasattr(fn, "__wrapped__"):
+        code = getattr(fn, "__code__", None)
+        out.append(_hash_source(code) if code is not None else None)
+        fn = fn.__wrapped__
+    return tuple(out)
+
+
+def _hash_source(obj) -> str | None:
     try:
-        src = textwrap.dedent(inspect.getsource(fn))
+        src = textwrap.dedent(inspect.getsource(obj))
         node = ast.parse(src).body[0]
     except (OSError, TypeError, SyntaxError, IndexError):
         return None
@@ -104,10 +130,26 @@ def fingerprint(fn) -> str | None:
     return hashlib.sha256(ast.dump(node).encode()).hexdigest()[:16]
 
 
+def own_forward(module: torch.nn.Module) -> bool:
+    """Whether the instance has a forward of its own (set by someone, opgym included): anything in its
+    __dict__ but the class's own forward bound to it (what an unpickled patched model holds)."""
+    f = module.__dict__.get("forward")
+    if f is None:
+        return False
+    return not (getattr(f, "__self__", None) is module and getattr(f, "__func__", None) is type(module).forward)
+
+
+def offloaded(module: torch.nn.Module) -> bool:
+    """An accelerate hook (device_map offloading, cpu_offload, disk_offload) sits on the module: its
+    weights are moved in by the hook around its own forward, so opgym reading them elsewhere would find
+    them on the meta device, and a merged copy would pin them in RAM."""
+    return getattr(module, "_hf_hook", None) is not None
+
+
 def has_hooks(m: torch.nn.Module) -> bool:
     """Any forward/backward hook on m, or a forward set on the instance."""
     return bool(m._forward_hooks or m._forward_pre_hooks or getattr(m, "_backward_hooks", None)
-                or getattr(m, "_backward_pre_hooks", None)) or "forward" in m.__dict__
+                or getattr(m, "_backward_pre_hooks", None)) or own_forward(m) or offloaded(m)
 
 
 def devices_with_kernel(op: str) -> frozenset:

@@ -17,10 +17,13 @@ because of opgym.
 """
 from __future__ import annotations
 
+import copy
 import threading
+import types
 import warnings
 import weakref
 
+import torch
 from torch import nn
 
 from . import _library, ops as _ops_table
@@ -49,6 +52,77 @@ def enabled(op: str = "rms_norm") -> bool:
     from .guard import switch_on
 
     return switch_on(_ops_table.spec(op).switch)
+
+
+# ---- a patched forward that follows its module through copy.deepcopy and pickle -----------------
+
+def _copy_fn(fn, memo):
+    """fn rebuilt for a deep copy of the modules it serves: every nn.Module, tensor and opgym state
+    object (a type from opgym.ops) in its closure, and in the closures of opgym's functions it holds,
+    taken through `memo`, so the copy's forward computes with the copy's modules and weights; counters
+    (guard.Stats) and plain values are shared."""
+    if id(fn) in memo:
+        return memo[id(fn)]
+    if isinstance(fn, types.MethodType):
+        out = types.MethodType(_copy_fn(fn.__func__, memo), copy.deepcopy(fn.__self__, memo))
+    elif isinstance(fn, types.FunctionType) and fn.__closure__ and (fn.__module__ or "").startswith("opgym"):
+        cells = []
+        for c in fn.__closure__:
+            try:
+                v = c.cell_contents
+            except ValueError:  # an empty cell
+                cells.append(types.CellType())
+                continue
+            cells.append(types.CellType(_copy_value(v, memo)))
+        out = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, tuple(cells))
+        out.__kwdefaults__, out.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+        out.__dict__.update(fn.__dict__)
+    else:
+        out = fn
+    memo[id(fn)] = out
+    return out
+
+
+def _copy_value(v, memo):
+    if isinstance(v, (types.FunctionType, types.MethodType)):
+        return _copy_fn(v, memo)
+    if isinstance(v, (nn.Module, torch.Tensor)) or type(v).__module__.startswith("opgym.ops."):
+        return copy.deepcopy(v, memo)
+    return v
+
+
+def _class_forward(module: nn.Module):
+    return type(module).forward.__get__(module)
+
+
+class PatchedForward:
+    """What opgym sets as `module.forward`: calls `fn`. copy.deepcopy gives the copy a forward bound to
+    the copy's own modules and weights (a plain closure would go on computing with the original's);
+    pickling stores HF's class forward instead (a pickled model comes back unpatched: patch it again)."""
+
+    __slots__ = ("fn", "module", "__weakref__")
+
+    def __init__(self, fn, module: nn.Module):
+        self.fn, self.module = fn, module
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        return PatchedForward(_copy_fn(self.fn, memo), copy.deepcopy(self.module, memo))
+
+    def __reduce__(self):
+        return (_class_forward, (self.module,))
+
+
+class _Owned(set):
+    """module.__dict__["_opgym_patched"]: kept by deepcopy (the copy is patched too), empty after pickling."""
+
+    def __deepcopy__(self, memo):
+        return _Owned(self)
+
+    def __reduce__(self):
+        return (_Owned, ())
 
 
 # ---- the handle ---------------------------------------------------------------------------------
@@ -85,8 +159,8 @@ class PatchHandle:
         """Sets `module.forward` (an instance attribute), remembering what to restore."""
         had_own = "forward" in module.__dict__
         self._saved.append((module, op, had_own, module.__dict__.get("forward")))
-        module.forward = forward
-        module.__dict__.setdefault("_opgym_patched", set()).add(op)
+        module.forward = PatchedForward(forward, module)
+        module.__dict__.setdefault("_opgym_patched", _Owned()).add(op)
         self.patched.append(name)
         self.patched_by_op.setdefault(op, []).append(name)
 
@@ -151,7 +225,11 @@ def patch(model: nn.Module, ops=None) -> PatchHandle:
                 handle._stats.setdefault(name, Stats())
                 handle.patched_by_op.setdefault(name, [])
                 spec = _ops_table.spec(name)
-                _ops_table.part(name, "integration").apply(model, handle, devices_with_kernel(spec.torch_ops[0]))
+                try:
+                    _ops_table.part(name, "integration").apply(model, handle, devices_with_kernel(spec.torch_ops[0]))
+                except Exception as e:  # noqa: BLE001 - a model never raises because of opgym
+                    # What the integration replaced before it failed stays patched (and undo restores it).
+                    handle.skipped[f"<{name}>"] = f"{name}: patching stopped at an error ({type(e).__name__}: {e})"
     handle.active = bool(handle.patched)
     if not handle.patched:
         warnings.warn(f"opgym.patch: nothing in {type(model).__name__} is served by {list(ops)} "

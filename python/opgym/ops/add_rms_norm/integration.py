@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...guard import fingerprint, guarded, layout_reason, tensor_reason
+from ...guard import fingerprint, guarded, wrappers, layout_reason, offloaded, own_forward, tensor_reason
 from ..rms_norm.admission import Variant, Verdicts
 from ..rms_norm.integration import _eps_of, is_rms_norm, norm_verdict
 from . import SPEC
@@ -51,9 +51,17 @@ def forward_fingerprint(cls: type) -> str | None:
     return fingerprint(cls.forward)
 
 
+# The wrappers a verified body may sit in (each one's own code hashed): transformers 5.x's
+# GradientCheckpointingLayer wraps every subclass's forward (forward_with_checkpointing: checkpointing
+# and use_cache off in training; a plain call otherwise). opgym's forward hands training calls back to
+# the class's wrapped forward (_hf_path_in_training), so in eval the wrapper's plain call is what runs.
+KNOWN_WRAPPERS = {"b2fdfe7d625551cf"}  # transformers 5.23: GradientCheckpointingLayer's forward_with_checkpointing
+
+
 def layer_kind(cls: type, cache: dict) -> str | None:
     if cls not in cache:
-        cache[cls] = FINGERPRINTS.get(forward_fingerprint(cls) or "")
+        kind = FINGERPRINTS.get(forward_fingerprint(cls) or "")
+        cache[cls] = kind if kind and all(w in KNOWN_WRAPPERS for w in wrappers(cls.forward)) else None
     return cache[cls]
 
 
@@ -233,8 +241,11 @@ def apply(model: nn.Module, handle, devices) -> None:
             if cls.__name__.endswith(("DecoderLayer", "VisionBlock")):
                 handle.skipped[name] = f"{cls.__name__}: forward not one opgym has verified (add_rms_norm)"
             continue
-        if "forward" in layer.__dict__ or handle.owned_elsewhere(layer, "add_rms_norm"):
+        if own_forward(layer) or handle.owned_elsewhere(layer, "add_rms_norm"):
             handle.skipped[name] = "forward already replaced on the instance (add_rms_norm)"
+            continue
+        if any(offloaded(m) for m in layer.modules()):
+            handle.skipped[name] = f"{cls.__name__}: an accelerate offloading hook sits on it or a submodule (add_rms_norm)"
             continue
         norm = getattr(layer, _NORM_ATTR[kind], None)
         if not isinstance(norm, nn.Module) or not is_rms_norm(norm):

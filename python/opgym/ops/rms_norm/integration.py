@@ -23,7 +23,7 @@ import types
 import torch
 from torch import nn
 
-from ...guard import FUSED_DTYPES as _FUSED_DTYPES, count, guarded, layout_reason, tensor_reason
+from ...guard import FUSED_DTYPES as _FUSED_DTYPES, count, guarded, layout_reason, own_forward, tensor_reason
 from . import SPEC
 from .admission import Variant, Verdicts, admit, eps_of
 
@@ -120,7 +120,7 @@ def apply(model: nn.Module, handle, devices) -> None:
         if handle.owned_elsewhere(module, "rms_norm"):
             handle.skipped[name] = "already patched by another handle"
             continue
-        if "forward" in module.__dict__:
+        if own_forward(module):
             handle.skipped[name] = f"{type(module).__name__}: forward replaced on the instance"
             continue
         original = module.forward

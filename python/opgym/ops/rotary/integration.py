@@ -32,7 +32,7 @@ import types
 import torch
 from torch import nn
 
-from ...guard import FUSED_DTYPES, fingerprint, guarded
+from ...guard import FUSED_DTYPES, fingerprint, guarded, own_forward
 from . import SPEC
 
 ENV_SWITCH = SPEC.switch
@@ -147,7 +147,7 @@ def instrument(model: nn.Module, record) -> list:
         if cls not in hooked:
             hooked[cls] = _hooked_name(cls)
         found = hooked[cls]
-        if found is None or found[1] is None or "forward" in m.__dict__:
+        if found is None or found[1] is None or own_forward(m):
             continue
         fname, original, glb = found
         mode, vision = VERIFIED[fname][1], fname.endswith("_vision")
@@ -184,7 +184,7 @@ def apply(model: nn.Module, handle, devices) -> None:
         if original is None:
             handle.skipped[name] = f"{cls.__name__}: its {fname} is not one opgym has verified (rotary)"
             continue
-        if "forward" in m.__dict__ or handle.owned_elsewhere(m, "rotary"):
+        if own_forward(m) or handle.owned_elsewhere(m, "rotary"):
             handle.skipped[name] = "forward already replaced on the instance (rotary)"
             continue
         if cls not in namespaces:

@@ -9,11 +9,12 @@ its act_fn is nn.SiLU or transformers' SiLUActivation (forward verified, no hook
 subclass: quantized and LoRA-wrapped Linears fall outside) of one dtype and device, with no hooks on
 any of the four modules. Anything else is left alone and listed in `handle.skipped` with the reason.
 
-Merging: at patch time gate_proj's and up_proj's weights (and biases) are copied into one [2I, H]
-buffer ([2I]) and the two Linears' parameters become views of its halves: memory does not grow, and the
-Linears still work on their own. undo() gives each Linear a contiguous parameter of its own again, with
-the same values and any gradient they accumulated (the Parameter objects are new ones: an optimizer
-built before patch() or undo() holds the old ones). Whether a model's MLPs are merged is measured, not assumed: at patch time, once per
+Merging (see _Merged): at patch time gate_proj's and up_proj's weights (and biases) are copied into one [2I, H]
+buffer ([2I]) and the two Linears' parameters' data become views of its halves: memory does not grow,
+the Linears still work on their own and keep their Parameter objects (an optimizer holding them is
+unaffected). A state_dict (save_pretrained, tie checks) and undo() give each Linear storage of its own
+again, with the same values; any move (.to(), load_state_dict(assign=True)) is noticed before the next
+fused call, which merges again from the current values. Whether a model's MLPs are merged is measured, not assumed: at patch time, once per
 (dtype, device, H, I, bias) in the process, a probe runs torch's GEMM on random rows of that shape
 (T = 1, 5 and CHUNK_ROWS + 5) with the layer's own weights, and merges only if the merged GEMM gives the
 separate GEMMs' bits exactly (OPGYM_SWIGLU_MODE: auto, the default; merged forces the merge; act never
@@ -36,7 +37,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from ...guard import FUSED_DTYPES, fingerprint, guarded, has_hooks as _has_hooks, tensor_reason
+from ...guard import FUSED_DTYPES, fingerprint, guarded, wrappers, has_hooks as _has_hooks, tensor_reason
 from . import SPEC
 
 ENV_SWITCH = SPEC.switch
@@ -61,8 +62,10 @@ def _is_silu(act) -> bool:
 
 
 def mlp_kind(cls: type, cache: dict) -> str | None:
+    """The verified shape of cls.forward, or None (an unknown body, or a verified body inside a wrapper)."""
     if cls not in cache:
-        cache[cls] = FINGERPRINTS.get(fingerprint(cls.forward) or "")
+        kind = FINGERPRINTS.get(fingerprint(cls.forward) or "")
+        cache[cls] = kind if kind and not wrappers(cls.forward) else None
     return cache[cls]
 
 
@@ -80,6 +83,8 @@ def _verdict(mlp: nn.Module) -> str | None:
     ws = [g.weight, u.weight, d.weight] + [b for b in (g.bias, u.bias, d.bias) if b is not None]
     if len({(w.dtype, w.device) for w in ws}) != 1:
         return "weights of more than one dtype or device"
+    if ws[0].is_meta:  # no data to probe or merge (a model built on the meta device, weights loaded later)
+        return "weights on the meta device"
     if ws[0].dtype not in FUSED_DTYPES:
         return f"dtype {ws[0].dtype} not supported"
     if (g.bias is None) != (u.bias is None):
@@ -130,35 +135,83 @@ def _probe(mlp) -> tuple[bool, bool]:
     return _PROBED[key]
 
 
-def _merge(mlp: nn.Module, handle) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """gate_proj's and up_proj's parameters become views of one buffer; returns (weight, bias)."""
-    g, u = mlp.gate_proj, mlp.up_proj
-    n = g.weight.shape[0]
-    with torch.no_grad():
-        w = torch.cat([g.weight, u.weight])
-        b = torch.cat([g.bias, u.bias]) if g.bias is not None else None
-    saved = []
-    for lin, sl in ((g, slice(0, n)), (u, slice(n, 2 * n))):
-        saved.append((lin, lin.weight.requires_grad, lin.bias.requires_grad if lin.bias is not None else None))
-        lin.weight = nn.Parameter(w[sl], requires_grad=lin.weight.requires_grad)
-        if b is not None:
-            lin.bias = nn.Parameter(b[sl], requires_grad=lin.bias.requires_grad)
+class _Merged:
+    """gate_proj's and up_proj's weights (and biases) as the two halves of one [2I, H] buffer ([2I]).
 
-    def own(p: nn.Parameter, requires_grad: bool) -> nn.Parameter:
-        q = nn.Parameter(p.detach().clone(), requires_grad=requires_grad)
-        if p.grad is not None:  # a gradient accumulated while patched (HF's forward ran) is kept
-            q.grad = p.grad.clone()
-        return q
+    The Linears keep their Parameter objects (an optimizer built before patch() still holds them);
+    only their `.data` becomes a view of the buffer, so memory does not grow. The merge is checked
+    before every eager fused call and made again from the Linears' current values when anything
+    replaced their data (`.to()`, `.half()`, load_state_dict(assign=True), a device move): the fused
+    path never reads a stale buffer. When the dtype, device or shapes changed, the GEMM probe runs
+    again for the new signature (a bf16 merge that was exact need not be in fp32). The merge is undone
+    (each Linear gets contiguous storage of its own, the same values) whenever the MLP's state_dict is
+    taken, so no state_dict, save_pretrained or tie check ever sees two weights sharing storage; the
+    next fused call merges again (one copy of gate and up for that layer)."""
 
-    def unmerge():
+    def __init__(self, mlp: nn.Module, mode: str, chunk: bool):
+        self.mlp, self.mode = mlp, mode
+        self.w = self.b = None
+        self.sig, self.ok, self.chunk = _signature(mlp), True, chunk
+
+    def allowed(self) -> bool:
+        """Whether the merged GEMM may serve the Linears as they are now (see the class docstring)."""
+        sig = _signature(self.mlp)
+        if sig != self.sig:
+            same, chunk = _probe(self.mlp)
+            self.sig, self.ok, self.chunk = sig, same or self.mode == "merged", chunk and (same or self.mode == "merged")
+        return self.ok
+
+    def _params(self):
+        g, u = self.mlp.gate_proj, self.mlp.up_proj
+        return [(g.weight, u.weight)] + ([(g.bias, u.bias)] if g.bias is not None else [])
+
+    def intact(self) -> bool:
+        if self.w is None:
+            return False
+        for (pg, pu), buf in zip(self._params(), (self.w, self.b)):
+            n = pg.shape[0]
+            if (buf is None or pg.dtype != buf.dtype or pg.device != buf.device
+                    or pg.data_ptr() != buf.data_ptr() or pu.data_ptr() != buf[n:].data_ptr()):
+                return False
+        return True
+
+    def current(self):
+        """(w, b) of the merged GEMM, merging again first when the Linears' data moved."""
+        if not self.intact():
+            self.merge()
+        return self.w, self.b
+
+    def merge(self) -> None:
+        bufs = []
         with torch.no_grad():
-            for lin, wrg, brg in saved:
-                lin.weight = own(lin.weight, wrg)
-                if brg is not None:
-                    lin.bias = own(lin.bias, brg)
+            for pg, pu in self._params():
+                n = pg.shape[0]
+                buf = torch.cat([pg.detach(), pu.detach()])
+                pg.data, pu.data = buf[:n], buf[n:]
+                bufs.append(buf)
+        self.w, self.b = bufs[0], (bufs[1] if len(bufs) > 1 else None)
 
-    handle.on_undo(unmerge)
-    return w, b
+    def unmerge(self, *_args, **_kwargs) -> None:
+        if self.w is None:
+            return
+        with torch.no_grad():
+            for pg, pu in self._params():
+                if pg.untyped_storage().data_ptr() == pu.untyped_storage().data_ptr():  # one storage: each its own
+                    pg.data, pu.data = pg.data.clone(), pu.data.clone()
+        self.w = self.b = None
+
+
+def _merge(mlp: nn.Module, handle, mode: str, chunk: bool) -> _Merged:
+    state = _Merged(mlp, mode, chunk)
+    state.merge()
+    hook = mlp.register_state_dict_pre_hook(state.unmerge)
+
+    def undo():
+        hook.remove()
+        state.unmerge()
+
+    handle.on_undo(undo)
+    return state
 
 
 def _fallback_reason(x, w, devices) -> str | None:
@@ -177,14 +230,28 @@ def _fallback_reason(x, w, devices) -> str | None:
 def _make_forward(mlp: nn.Module, merge: bool, chunk: bool, handle, counters, devices):
     hf_forward = type(mlp).forward.__get__(mlp)
     down = mlp.down_proj
+    gate, up, act = mlp.gate_proj, mlp.up_proj, torch.ops.opgym.swiglu.default
+
+    def act_only(x):
+        return down(act(gate(x), up(x)))
+
     if merge:
-        w, b = _merge(mlp, handle)
+        state = _merge(mlp, handle, _mode(), chunk)
         merged = torch.ops.opgym.swiglu_merged.default
-        H, H_out = w.shape[1], down.weight.shape[0]
+        H, H_out = gate.weight.shape[1], down.weight.shape[0]
 
         def fused(x):
+            if torch.compiler.is_compiling():  # no merging inside a trace (nor data pointers): the buffer as it is
+                w, b, g = state.w, state.b, gate.weight
+                if w is None or w.dtype != g.dtype or w.device != g.device:
+                    return act_only(x)
+            else:
+                if not state.allowed():  # dtype/device changed and the probe says merging differs there
+                    state.unmerge()
+                    return act_only(x)
+                w, b = state.current()
             rows = x.numel() // H if H else 0
-            if not chunk or rows <= CHUNK_ROWS or torch.compiler.is_compiling():
+            if not state.chunk or rows <= CHUNK_ROWS or torch.compiler.is_compiling():
                 return down(merged(F.linear(x, w, b)))
             # Prefill: CHUNK_ROWS rows at a time (the probe showed the GEMMs give the same bits).
             xs = x.reshape(rows, H)
@@ -193,11 +260,7 @@ def _make_forward(mlp: nn.Module, merge: bool, chunk: bool, handle, counters, de
                 out[i:i + CHUNK_ROWS] = down(merged(F.linear(xs[i:i + CHUNK_ROWS], w, b)))
             return out.view(*x.shape[:-1], H_out)
     else:
-        gate, up = mlp.gate_proj, mlp.up_proj
-        act = torch.ops.opgym.swiglu.default
-
-        def fused(x):
-            return down(act(gate(x), up(x)))
+        fused = act_only
 
     return guarded(ENV_SWITCH, counters, fused, hf_forward,
                    lambda x: _fallback_reason(x, mlp.gate_proj.weight, devices))
