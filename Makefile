@@ -9,7 +9,7 @@ APT_PACKAGES := cmake ninja-build g++ make libgtest-dev libgmock-dev nlohmann-js
 FUZZ_SECONDS ?= 10
 CMAKE_ARGS ?=
 
-.PHONY: all deps venv build build-asan build-fuzz test test-cpp test-asan test-fuzz test-python test-huge install-python run bench clean
+.PHONY: all deps venv build build-asan build-fuzz test test-cpp test-asan test-fuzz test-python test-huge test-hf install-python run bench clean
 
 all: build
 
@@ -75,3 +75,9 @@ bench: build install-python
 
 clean:
 	rm -rf build build-asan build-fuzz _skbuild dist *.egg-info
+
+# transformers' model tests without and with opgym patched into every model (tests/hf/driver.py):
+# fails when a test passes without opgym and fails with it. HF_TEST_ARGS: e.g. --models qwen2 -k generate.
+test-hf: install-python
+	$(PY) -m pip install -q --disable-pip-version-check -r tests/hf/requirements.txt
+	nice -n 10 $(PY) tests/hf/driver.py $(HF_TEST_ARGS)
