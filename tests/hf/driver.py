@@ -55,7 +55,7 @@ def _pytest(run: Path, out: Path, tag: str, patch: bool, files: list[str], extra
                OPGYM_HF_OUTCOMES=str(out / f"{tag}.outcomes.json"), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", **env_extra)
     (out / f"{tag}.patches.jsonl").unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "-p", "opgym_plugin", "-p", "no:cacheprovider", "-q", "-rN",
+    cmd = [sys.executable, "-m", "pytest", "-p", "opgym_plugin", "-p", "no:cacheprovider", "-q", "-rfE",
            "-W", "ignore::pytest.PytestUnknownMarkWarning", "--durations=0", "--durations-min=5", *files, *extra]
     log = open(out / f"{tag}.log", "w")
     return subprocess.Popen(cmd, cwd=run, env=env, stdout=log, stderr=subprocess.STDOUT), log
@@ -119,7 +119,7 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown models {sorted(unknown)}; known: {list(fetch.MODELS)}")
     run = fetch.assemble(Path(a.cache))
-    out = Path(a.out)
+    out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     files = [f"tests/models/{m}/{fetch.MODELS[m]}" for m in models]
     extra = ([] if a.all else _deselect(run, models)) + (["-k", a.k] if a.k else [])
