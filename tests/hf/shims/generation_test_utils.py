@@ -55,8 +55,9 @@ class GenerationTesterMixin:
         return model_class(config).to(torch_device).eval()
 
     def _gen(self, model, inputs, **kw):
+        pad = getattr(model.config.get_text_config(), "pad_token_id", None)
         args = dict(max_new_tokens=self.max_new_tokens, min_new_tokens=self.max_new_tokens, do_sample=False,
-                    pad_token_id=model.config.pad_token_id if model.config.pad_token_id is not None else 0)
+                    pad_token_id=pad if pad is not None else 0)
         args.update(kw)
         with torch.no_grad():
             return model.generate(**inputs, **args)
@@ -184,6 +185,11 @@ class GenerationTesterMixin:
             more["input_ids"] = first.sequences
             if "attention_mask" in more:
                 more["attention_mask"] = torch.ones_like(first.sequences)
+            more.pop("pixel_values", None)  # the image is in the cache already (its rope deltas kept by the model)
+            more.pop("image_grid_thw", None)
+            if "mm_token_type_ids" in more:  # the generated tokens are text
+                t = more["mm_token_type_ids"]
+                more["mm_token_type_ids"] = torch.cat([t, t.new_zeros(t.shape[0], MAX_NEW)], 1)
             second = self._gen(model, more, past_key_values=first.past_key_values)
             self.assertTrue(torch.equal(full, second))
 

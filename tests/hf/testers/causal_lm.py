@@ -72,11 +72,12 @@ class CausalLMTest(ModelTesterMixin, GenerationTesterMixin):
     """Mixed into a unittest.TestCase by each model's module (model_tester_class set there)."""
     model_tester_class = None
     test_pruning = False
+    config_tester_kwargs = {"hidden_size": 37}
 
     def setUp(self):
         self.model_tester = self.model_tester_class(self)
         self.config_tester = ConfigTester(self, config_class=self.model_tester.config_class,
-                                          hidden_size=37)
+                                          **self.config_tester_kwargs)
         self.all_model_classes = self.model_tester.all_model_classes
 
     def test_config(self):

@@ -19,3 +19,4 @@ class LlamaModelTester(CausalLMTester):
 
 class LlamaModelTest(CausalLMTest, unittest.TestCase):
     model_tester_class = LlamaModelTester
+    config_tester_kwargs = {"hidden_size": 64}  # LlamaConfig checks hidden_size % num_attention_heads (32)

@@ -12,7 +12,7 @@ from ...test_configuration_common import ConfigTester
 from ...test_modeling_common import ModelTesterMixin, floats_tensor, ids_tensor, torch_device
 from ...generation.test_utils import GenerationTesterMixin
 
-IMAGE, VIDEO, V_START, V_END = 95, 96, 97, 98
+IMAGE, VIDEO, V_START, V_END = 3, 4, 5, 6  # low ids: they survive the vocab shrink of the resize tests
 GRID = (1, 4, 4)  # t, h, w patches per image; 16 patches, 4 tokens after the 2x2 merge
 
 
@@ -46,15 +46,16 @@ class Qwen2_5_VLModelTester:
 
     def _inputs(self, batch_size):
         text = self.seq_length - 2 - self.image_tokens
-        ids = ids_tensor([batch_size, text], IMAGE - 3) + 3  # no special id among the text tokens
+        ids = ids_tensor([batch_size, text], self.vocab_size - 7) + 7  # no special id among the text tokens
         head = torch.tensor([V_START] + [IMAGE] * self.image_tokens + [V_END], device=ids.device)
         input_ids = torch.cat([head.expand(batch_size, -1), ids], 1)
         patch_dim = self.in_channels * self.temporal_patch_size * self.patch_size ** 2
         n = GRID[0] * GRID[1] * GRID[2]
         pixel_values = floats_tensor([batch_size * n, patch_dim])
         grid = torch.tensor([GRID] * batch_size, device=torch_device)
+        mm_types = (input_ids == IMAGE).int()  # text 0, image 1 (what the processor returns)
         return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
-                "pixel_values": pixel_values, "image_grid_thw": grid}
+                "pixel_values": pixel_values, "image_grid_thw": grid, "mm_token_type_ids": mm_types}
 
     def prepare_config_and_inputs_for_common(self):
         return self.get_config(), self._inputs(self.batch_size)
@@ -65,12 +66,14 @@ class Qwen2_5_VLModelTester:
             inputs["pixel_values"] = inputs["pixel_values"][: batch_size * n]
         if "image_grid_thw" in inputs:
             inputs["image_grid_thw"] = inputs["image_grid_thw"][:batch_size]
+        if "mm_token_type_ids" in inputs:
+            inputs["mm_token_type_ids"] = inputs["mm_token_type_ids"][:batch_size]
         return inputs
 
 
 class Qwen2_5_VLModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
     all_model_classes = (Qwen2_5_VLModel, Qwen2_5_VLForConditionalGeneration)
-    generate_extra_keys = ("pixel_values", "image_grid_thw")
+    generate_extra_keys = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
     _is_composite = True
     test_pruning = False
 
