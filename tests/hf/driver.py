@@ -152,6 +152,14 @@ def main() -> int:
         subs = sum(len(v["subtests_failed"]) for v in outcomes[tag].values())
         print(f"{tag:>7} opgym: {len(outcomes[tag])} tests, {dict(sorted(c.items()))}, failed subtests {subs}, "
               f"{times[tag]:.0f} s")
+    for tag in ("without", "with"):
+        per = collections.Counter()
+        for t, v in outcomes[tag].items():
+            per[t.split("/")[2] if t.startswith("tests/models/") else t.split("::")[0]] += v.get("seconds", 0.0)
+        slow = sorted(outcomes[tag].items(), key=lambda kv: -kv[1].get("seconds", 0.0))[:3]
+        print(f"  {tag} opgym, seconds in tests per model: "
+              + ", ".join(f"{m} {sec:.0f}" for m, sec in sorted(per.items()))
+              + "; slowest: " + ", ".join(f"{t.split('::')[-1]} {v['seconds']:.0f}" for t, v in slow))
     s = _summary_of_patches(out / "with.patches.jsonl")
     print(f"with opgym: {s['models']} models patched; patched modules by op {dict(s['by_op'])}; "
           f"{s['fused']} fused calls, {s['fallback']} fallbacks")

@@ -139,7 +139,10 @@ def pytest_runtest_teardown(item):
 
 
 def pytest_runtest_logreport(report):
-    o = _outcomes.setdefault(report.nodeid, {"outcome": "passed", "subtests_failed": [], "longrepr": ""})
+    o = _outcomes.setdefault(report.nodeid, {"outcome": "passed", "subtests_failed": [], "longrepr": "",
+                                             "seconds": 0.0})
+    if getattr(report, "context", None) is None:
+        o["seconds"] = round(o["seconds"] + report.duration, 3)
     ctx = getattr(report, "context", None)  # a subtest's report (pytest's subtests)
     if report.failed:
         if ctx is not None:
