@@ -17,6 +17,7 @@ import torch
 from .test_configuration_common import ConfigTester
 from .test_modeling_common import ModelTesterMixin, ids_tensor, torch_device
 from .generation.test_utils import GenerationTesterMixin
+from .test_training_mixin import TrainingTesterMixin
 
 
 class CausalLMTester:
@@ -68,8 +69,10 @@ class CausalLMTester:
         return config, {"input_ids": input_ids, "attention_mask": mask}
 
 
-class CausalLMTest(ModelTesterMixin, GenerationTesterMixin):
-    """Mixed into a unittest.TestCase by each model's module (model_tester_class set there)."""
+class CausalLMTest(ModelTesterMixin, GenerationTesterMixin, TrainingTesterMixin):
+    """Mixed into a unittest.TestCase by each model's module (model_tester_class set there).
+    TrainingTesterMixin (the sdist's): 300 steps overfitting a batch, then greedy generation of it."""
+    model_tester = None  # set in setUp (TrainingTesterMixin declares it abstract)
     model_tester_class = None
     test_pruning = False
     config_tester_kwargs = {"hidden_size": 37}
