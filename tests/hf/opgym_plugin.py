@@ -114,7 +114,24 @@ def pytest_configure(config):
         _install()
 
 
+def _seed_everything() -> None:
+    """The same random inputs and initial weights in both runs, test by test (HF's ids_tensor draws from
+    an unseeded module-level Random): a difference between the runs is then opgym's alone."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    common = sys.modules.get("tests.test_modeling_common")
+    if common is not None and hasattr(common, "global_rng"):
+        common.global_rng.seed(0)
+
+
 def pytest_runtest_setup(item):
+    _seed_everything()
     _current["test"] = item.nodeid
     _records.clear()
     _live.clear()

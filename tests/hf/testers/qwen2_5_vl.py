@@ -17,6 +17,7 @@ GRID = (1, 4, 4)  # t, h, w patches per image; 16 patches, 4 tokens after the 2x
 
 
 class Qwen2_5_VLModelTester:
+    suppress_tokens = (IMAGE, VIDEO, V_START, V_END)  # a generated image token would need image features
     def __init__(self, parent, batch_size=3, text_tokens=7, is_training=True):
         self.parent, self.batch_size, self.is_training = parent, batch_size, is_training
         self.vocab_size, self.hidden_size, self.num_hidden_layers = 99, 32, 2
