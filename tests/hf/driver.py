@@ -50,7 +50,8 @@ def _test_class(run: Path, model: str) -> str:
 
 
 def _pytest(run: Path, out: Path, tag: str, patch: bool, files: list[str], extra: list[str], env_extra: dict):
-    env = dict(os.environ, PYTHONPATH=str(HERE), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                OPGYM_HF_PATCH="1" if patch else "0", OPGYM_HF_LOG=str(out / f"{tag}.patches.jsonl"),
                OPGYM_HF_OUTCOMES=str(out / f"{tag}.outcomes.json"), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", **env_extra)
