@@ -18,22 +18,25 @@ from .lists import LISTS
 __all__ = ["run", "summarize", "add_arguments", "main", "LISTS"]
 
 
-def run(types, seed: int = 0, progress=None) -> dict:
-    """{"transformers", "torch", "seed", "seconds", "results": [runner.run_type(t) ...]}."""
+def run(types, seed: int = 0, progress=None, timeout: float = 300.0) -> dict:
+    """{"transformers", "torch", "seed", "seconds", "results": [runner.run_type(t) ...]}. A type that
+    takes more than `timeout` seconds is stopped (status "timed out"; main thread only)."""
     import torch
     import transformers
 
-    from .runner import run_type
+    from .runner import run_type_limited
 
     _quiet()
     t0 = time.perf_counter()
-    results = []
+    report = {"transformers": transformers.__version__, "torch": torch.__version__, "seed": seed,
+              "threads": torch.get_num_threads(), "results": []}
     for i, t in enumerate(types):
-        results.append(run_type(t, seed))
+        report["results"].append(run_type_limited(t, seed, timeout))
+        report["seconds"] = round(time.perf_counter() - t0, 1)
         if progress is not None:
-            progress(i + 1, len(types), results[-1])
-    return {"transformers": transformers.__version__, "torch": torch.__version__, "seed": seed,
-            "threads": torch.get_num_threads(), "seconds": round(time.perf_counter() - t0, 1), "results": results}
+            progress(i + 1, len(types), report)
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    return report
 
 
 def _quiet() -> None:
@@ -49,11 +52,11 @@ def summarize(report: dict) -> dict:
     """Counts over the results: built, fused_something, changed (logits differ), identical,
     patch_raised, patched_forward_raised, forward_failed, could_not_build, and the changed types."""
     rs = report["results"]
-    built = [r for r in rs if r["status"] != "could not build"]
+    built = [r for r in rs if r["status"] not in ("could not build", "timed out")]
     return {
         "types": len(rs),
         "built": len(built),
-        "ran": len([r for r in rs if r["status"] not in ("could not build", "forward failed")]),
+        "ran": len([r for r in rs if r["status"] not in ("could not build", "forward failed", "timed out")]),
         "fused_something": len([r for r in rs if r.get("fused")]),
         "identical": len([r for r in rs if r.get("identical") is True]),
         "changed": sorted(r["type"] for r in rs if r.get("identical") is False),
@@ -61,12 +64,13 @@ def summarize(report: dict) -> dict:
         "patched_forward_raised": sorted(r["type"] for r in rs if r["status"] == "patched forward raised"),
         "forward_failed": sorted(r["type"] for r in rs if r["status"] == "forward failed"),
         "could_not_build": sorted(r["type"] for r in rs if r["status"] == "could not build"),
+        "timed_out": sorted(r["type"] for r in rs if r["status"] == "timed out"),
         "image_inputs": len([r for r in rs if str(r.get("inputs", "")).startswith("image")]),
     }
 
 
 def _verdict(r: dict) -> str:
-    if r["status"] in ("could not build", "forward failed", "patch raised", "patched forward raised"):
+    if r["status"] in ("could not build", "forward failed", "patch raised", "patched forward raised", "timed out"):
         return f"{r['status']}: {r['error']}"
     if r.get("identical"):
         return "identical" + ("" if r.get("deterministic", True) else " (model itself nondeterministic)")
@@ -96,7 +100,8 @@ def print_table(report: dict, file=None) -> None:
     console.print(f"{s['types']} types: {s['built']} built, {s['ran']} ran, {s['fused_something']} with a fused op, "
                   f"{s['identical']} bit-identical, {len(s['changed'])} changed {s['changed']}, "
                   f"{len(s['patch_raised'])} patch raised, {len(s['patched_forward_raised'])} patched forward raised, "
-                  f"{len(s['forward_failed'])} forward failed, {len(s['could_not_build'])} could not build; "
+                  f"{len(s['forward_failed'])} forward failed, {len(s['could_not_build'])} could not build, "
+                  f"{len(s['timed_out'])} timed out; "
                   f"{s['image_inputs']} fed images; {report['seconds']} s")
 
 
@@ -109,6 +114,7 @@ def add_arguments(p) -> None:
     p.add_argument("--catalog", default=None, metavar="FILE", help="also write the catalog of HF's op variants "
                    "(norms, MLPs, decoder layers, q/k norms, rotary functions) of the types built, as Markdown")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one type may take (default 300)")
     p.add_argument("--quiet", action="store_true", help="no per-type progress lines")
 
 
@@ -128,11 +134,15 @@ def main(args) -> int:
         print(f"opgym coverage: error: --json: directory of {args.json} does not exist", file=sys.stderr)
         return 2
 
-    def progress(i, n, r):
+    def progress(i, n, rep):
+        r = rep["results"][-1]
         if not args.quiet:
             print(f"[{i}/{n}] {r['type']}: {_verdict(r)} ({r.get('seconds', 0)} s)", file=sys.stderr, flush=True)
+        if args.json:  # what is done so far, should a later type never finish
+            with open(args.json, "w") as f:
+                json.dump(dict(rep, partial=i < n), f, indent=1)
 
-    report = run(types, seed=args.seed, progress=progress)
+    report = run(types, seed=args.seed, progress=progress, timeout=args.timeout)
     report["summary"] = summarize(report)
     print_table(report)
     if args.json:
@@ -141,7 +151,7 @@ def main(args) -> int:
     if args.catalog:
         from .catalog import write_catalog
 
-        write_catalog(args.catalog, [r["type"] for r in report["results"] if r["status"] != "could not build"],
+        write_catalog(args.catalog, [r["type"] for r in report["results"] if r["status"] not in ("could not build", "timed out")],
                       report, seed=args.seed)
     s = report["summary"]
     return 1 if s["changed"] or s["patched_forward_raised"] else 0

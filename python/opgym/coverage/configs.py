@@ -35,7 +35,8 @@ EXPERTS_PER_TOKEN = 2
 VOCAB = 256
 
 _HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "attention_hidden_size", "lru_width",
-                "embedding_size", "word_embed_proj_dim", "input_embedding_size", "output_embedding_size")
+                "embedding_size", "word_embed_proj_dim", "input_embedding_size", "output_embedding_size",
+                "hidden_size_global", "encoder_hidden_size", "cross_attention_hidden_size", "vision_hidden_size")
 _HEAD_KEYS = ("num_attention_heads", "num_heads", "n_head", "n_heads", "attention_heads", "encoder_attention_heads",
               "decoder_attention_heads", "num_encoder_attention_heads", "num_decoder_attention_heads")
 _KV_KEYS = ("num_key_value_heads", "num_kv_heads", "kv_n_heads", "multi_query_group_num", "num_query_groups")
@@ -209,13 +210,20 @@ class _Shrinker:
                      ("mamba_dt_rank", 4), ("mamba_d_ssm", 128), ("n_mamba_heads", 2)):
             if _int(d.get(k)) and d[k] > v:
                 setattr(cfg, k, v)
+        # vision towers: images of at most 16 x 16 patches where the default is larger (Pixtral's 1024,
+        # LightOnOCR's 1540 pixels: tens of thousands of patches for one synthetic image)
+        ps = d.get("patch_size")
+        if _int(d.get("image_size")) and _int(ps) and d["image_size"] > 16 * ps:
+            cfg.image_size = 16 * ps
         # vision towers: the projection to the text width
         for k in ("out_hidden_size", "projector_hidden_size", "text_hidden_size", "projection_dim", "vision_output_dim",
                   "projector_input_dim", "projector_output_dim", "merged_hidden_size", "output_dim"):
             if _int(d.get(k)) and d[k] > HIDDEN:
                 setattr(cfg, k, HIDDEN)
-        if _int(d.get("vocab_size")) and d["vocab_size"] > VOCAB:
-            cfg.vocab_size = VOCAB
+        for k in list(d):  # vocab_size, vocab_size_per_layer_input, encoder_hash_byte_group_vocab, ...
+            if ("vocab" in k and not k.startswith("_") and "offset" not in k and _int(d[k])
+                    and d[k] > VOCAB):
+                setattr(cfg, k, VOCAB)
         self._fix_rope(cfg)
 
     def _fix_rope(self, cfg) -> None:

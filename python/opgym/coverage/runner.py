@@ -13,6 +13,7 @@ or "patched forward raised". An opgym error never stops the run: it is the statu
 """
 from __future__ import annotations
 
+import inspect
 import re
 import time
 import traceback
@@ -79,13 +80,19 @@ def _inputs(model_type, model, config, kind, seed, result):
     else:
         inputs = build.text_inputs(config, seed)
         result["inputs"] = f"text only: {inputs['input_ids'].shape[1]} tokens"
-    name, ref = _forward(model, inputs)
+    try:
+        name, ref = _forward(model, inputs)
+    except Exception as e:  # noqa: BLE001 - some types' caches fail on a tiny model: once more without
+        if "use_cache" not in inspect.signature(model.forward).parameters:
+            raise
+        result["inputs_note"] = (result.get("inputs_note", "") + f" [with the cache: {_short(e, 120)}; "
+                                 "run with use_cache=False]").strip()
+        inputs = dict(inputs, use_cache=False)
+        name, ref = _forward(model, inputs)
     return inputs, name, ref
 
 
 def _is_vision_only(model) -> bool:
-    import inspect
-
     params = inspect.signature(model.forward).parameters
     return "pixel_values" in params and "input_ids" not in params
 
@@ -137,8 +144,63 @@ def run_type(model_type: str, seed: int = 0) -> dict:
         result["identical"] = result["differ"] == 0
         _, after = _forward(model, inputs)
         result["undo_restores"] = count_differ(ref, after) == 0
+        if result["differ"]:
+            result["changed_by_op"] = _each_op_alone(model, inputs, ref, result["patched"])
     result["seconds"] = round(time.perf_counter() - t0, 2)
     return result
+
+
+class _Timeout(BaseException):
+    """Raised by the alarm in run_type_limited; a BaseException so that no `except Exception` of the
+    runner (or of the model) swallows it."""
+
+
+def run_type_limited(model_type: str, seed: int = 0, timeout: float = 300.0) -> dict:
+    """run_type with a wall-clock limit (SIGALRM, main thread only; elsewhere no limit). A patch
+    applied when the limit hits stays on a model that is discarded anyway."""
+    import signal
+    import threading
+
+    if timeout <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        return run_type(model_type, seed)
+
+    def alarm(signum, frame):
+        raise _Timeout()
+
+    t0 = time.perf_counter()
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        return run_type(model_type, seed)
+    except _Timeout:
+        head = build.head_of(model_type)
+        return {"type": model_type, "status": "timed out", "error": f"stopped after {timeout:g} s",
+                "head": head[0] if head else None, "cls": head[1] if head else None,
+                "seconds": round(time.perf_counter() - t0, 2)}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _each_op_alone(model, inputs, ref, patched: dict) -> dict:
+    """{op: elements that differ from the reference with only that op patched}: which op changed them."""
+    import opgym
+
+    out = {}
+    for op in patched:
+        try:
+            h = opgym.patch(model, ops=(op,))
+        except Exception as e:  # noqa: BLE001
+            out[op] = f"patch raised: {_short(e, 80)}"
+            continue
+        try:
+            _, got = _forward(model, inputs)
+            out[op] = count_differ(ref, got)
+        except Exception as e:  # noqa: BLE001
+            out[op] = f"forward raised: {_short(e, 80)}"
+        finally:
+            h.undo()
+    return out
 
 
 def _last_frame(e: BaseException) -> str:

@@ -148,6 +148,10 @@ def _patches(model, vc, seed):
             grid_arg: torch.tensor([[1, side, side]])}, f"{side * side} flattened patches of {width}"
 
 
+def _prefix():
+    """BLIP-style models without get_image_features: pixels and plain text, no placeholder tokens."""
+
+
 def _cross_attention(model, config, pix: dict, seed: int) -> dict:
     """Mllama-style models (images reach the text through cross-attention layers): one image token,
     and a cross_attention_mask that lets every text token see every tile."""
@@ -166,12 +170,15 @@ def pixel_inputs(model_type: str, model, config, seed: int = 0, forward=None) ->
     side = _image_side(vc)
     errors = []
     cross = "cross_attention_mask" in inspect.signature(model.forward).parameters
-    for make in (_from_processor, _plain, _patches):
+    ways = (_from_processor, _plain, _patches)
+    if getattr(model, "get_image_features", None) is None and not cross:
+        ways = (_prefix,)
+    for make in ways:
         try:
             if make is _from_processor:
                 pix, how = make(model_type, vc, side, seed)
-            elif make is _plain:
-                pix, how = make(vc, side, seed)
+            elif make in (_plain, _prefix):
+                pix, how = _plain(vc, side, seed)
             else:
                 pix, how = make(model, vc, seed)
             if "pixel_values" in pix and pix["pixel_values"].is_floating_point():
@@ -180,6 +187,10 @@ def pixel_inputs(model_type: str, model, config, seed: int = 0, forward=None) ->
             if cross:
                 n = 1
                 inputs.update(_cross_attention(model, config, pix, seed))
+            elif make is _prefix:
+                n = 0
+                inputs.update(build.text_inputs(config, seed))
+                how += " (image features prepended by the model, no placeholders)"
             else:
                 n = _features_count(model, pix)
                 inputs.update(text_for_image(model, config, n, seed))
