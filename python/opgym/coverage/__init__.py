@@ -18,7 +18,7 @@ from .lists import LISTS
 __all__ = ["run", "summarize", "add_arguments", "main", "LISTS"]
 
 
-def run(types, seed: int = 0, progress=None, timeout: float = 300.0) -> dict:
+def run(types, seed: int = 0, progress=None, timeout: float = 300.0, on_built=None) -> dict:
     """{"transformers", "torch", "seed", "seconds", "results": [runner.run_type(t) ...]}. A type that
     takes more than `timeout` seconds is stopped (status "timed out"; main thread only)."""
     import torch
@@ -31,7 +31,7 @@ def run(types, seed: int = 0, progress=None, timeout: float = 300.0) -> dict:
     report = {"transformers": transformers.__version__, "torch": torch.__version__, "seed": seed,
               "threads": torch.get_num_threads(), "results": []}
     for i, t in enumerate(types):
-        report["results"].append(run_type_limited(t, seed, timeout))
+        report["results"].append(run_type_limited(t, seed, timeout, on_built))
         report["seconds"] = round(time.perf_counter() - t0, 1)
         if progress is not None:
             progress(i + 1, len(types), report)
@@ -142,7 +142,15 @@ def main(args) -> int:
             with open(args.json, "w") as f:
                 json.dump(dict(rep, partial=i < n), f, indent=1)
 
-    report = run(types, seed=args.seed, progress=progress, timeout=args.timeout)
+    entries = []
+    on_built = None
+    if args.catalog:
+        from .catalog import collect_model
+
+        def on_built(t, model, config, kind):
+            entries.append(collect_model(t, model, config, kind))
+
+    report = run(types, seed=args.seed, progress=progress, timeout=args.timeout, on_built=on_built)
     report["summary"] = summarize(report)
     print_table(report)
     if args.json:
@@ -151,7 +159,6 @@ def main(args) -> int:
     if args.catalog:
         from .catalog import write_catalog
 
-        write_catalog(args.catalog, [r["type"] for r in report["results"] if r["status"] not in ("could not build", "timed out")],
-                      report, seed=args.seed)
+        write_catalog(args.catalog, [e["type"] for e in entries], report, entries=entries)
     s = report["summary"]
     return 1 if s["changed"] or s["patched_forward_raised"] else 0

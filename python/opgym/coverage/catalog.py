@@ -115,8 +115,12 @@ def _mlp(path, m) -> dict:
     linears = {k: [v.in_features, v.out_features, v.bias is not None] for k, v in m._modules.items()
                if isinstance(v, nn.Linear)}
     params = {k: list(p.shape) for k, p in m._parameters.items() if p is not None and p.dim() >= 2}
+    acts = {}
+    for k, v in list(m._modules.items()) + [(k, v) for k, v in vars(m).items() if isinstance(v, nn.Module)]:
+        if v is not None and not list(v.parameters()) and not isinstance(v, (nn.Linear, nn.Dropout, nn.ModuleList)):
+            acts[_qualname(type(v))] = source_of(type(v).forward)
     return {"path": pattern(path), "cls": _qualname(cls), "forward": source_of(cls.forward), "linears": linears,
-            "params": params, "act": _activation(m), "gated": _gated(linears, params),
+            "params": params, "act": _activation(m), "gated": _gated(linears, params), "act_sources": acts,
             "children": {k: type(v).__name__ for k, v in m._modules.items() if v is not None}}
 
 
@@ -192,6 +196,11 @@ def collect(model_type: str, seed: int = 0) -> dict:
     from . import build
 
     model, config, kind = build.build(model_type, seed)
+    return collect_model(model_type, model, config, kind)
+
+
+def collect_model(model_type: str, model: nn.Module, config, kind: str) -> dict:
+    """collect() on a model already built (opgym coverage --catalog, before it patches the model)."""
     norms, mlps, layers, qk, rope = [], [], [], [], {}
     seen_layer_cls = set()
     for path, m in model.named_modules():
@@ -228,16 +237,19 @@ def _jsonable(v):
     return v if isinstance(v, (int, float, str, bool)) or v is None else repr(v)
 
 
-def write_catalog(path: str, types, report: dict | None = None, seed: int = 0) -> dict:
-    """Collects every type (a type that fails is listed with its error) and writes the Markdown."""
+def write_catalog(path: str, types, report: dict | None = None, seed: int = 0, entries=None) -> dict:
+    """Collects every type (a type that fails is listed with its error), or takes the `entries` already
+    collected, and writes the Markdown."""
     from .catalog_md import render
 
-    entries, failed = [], {}
-    for t in types:
-        try:
-            entries.append(collect(t, seed))
-        except Exception as e:  # noqa: BLE001 - a type that will not build is listed, not fatal
-            failed[t] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    failed = {}
+    if entries is None:
+        entries = []
+        for t in types:
+            try:
+                entries.append(collect(t, seed))
+            except Exception as e:  # noqa: BLE001 - a type that will not build is listed, not fatal
+                failed[t] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
     text = render(entries, failed, report)
     with open(path, "w") as f:
         f.write(text)

@@ -46,9 +46,19 @@ def _changes(report) -> list[str]:
     ok = sorted(r["type"] for r in rs if r.get("identical") is True and r.get("fused"))
     nothing = sorted(r["type"] for r in rs if r.get("identical") is True and not r.get("fused"))
     raised = sorted(r["type"] for r in rs if r["status"] == "patch raised")
-    return out + ["", f"Fused something, logits bit-identical ({len(ok)}): {', '.join(ok)}", "",
-                  f"Nothing fused, identical ({len(nothing)}): {', '.join(nothing)}", "",
-                  f"patch raised ({len(raised)}): {', '.join(raised)}", ""]
+    out += ["", f"Fused something, logits bit-identical ({len(ok)}): {', '.join(ok)}", "",
+            f"Nothing fused, identical ({len(nothing)}): {', '.join(nothing)}", "",
+            f"patch raised ({len(raised)}): {', '.join(raised)}", "",
+            "Every type: what opgym fused (calls), and why it skipped the rest (modules: reason).", "",
+            "| type | inputs | fused (calls) | skipped | output |", "|---|---|---|---|---|"]
+    for r in rs:
+        fused = ", ".join(f"{op} {n}" for op, n in r.get("fused", {}).items()) or "-"
+        skipped = "; ".join(f"{n}: {why}" for why, n in r.get("skipped", {}).items()) or "-"
+        verdict = ("identical" if r.get("identical") else f"{r.get('differ')} differ" if r.get("identical") is False
+                   else f"{r['status']}: {(r.get('error') or '')[:120]}")
+        out.append(f"| {r['type']} | {r.get('inputs', '-')} | {fused} | {skipped.replace('|', '/')} | "
+                   f"{verdict.replace('|', '/')} |")
+    return out + [""]
 
 
 def render(entries: list, failed: dict, report=None) -> str:
@@ -82,6 +92,18 @@ def render(entries: list, failed: dict, report=None) -> str:
         lines += [f"### M{i}: {len(by_type)} types", "", f"Types: {_types_line(by_type)}", "",
                   f"Classes: {_classes(by_type)}", ""]
         lines += [f"- `{c}`: {' | '.join(sorted(d))}" for c, d in sorted(shapes.items())] + ["", _code(src)]
+
+    lines += ["### Activation modules of those MLPs, by forward source", ""]
+    acts: dict[str, dict] = {}
+    for e in entries:
+        for it in e["mlps"]:
+            for cls, src in it.get("act_sources", {}).items():
+                a = acts.setdefault(src, {"classes": set(), "types": set()})
+                a["classes"].add(cls)
+                a["types"].add(e["type"])
+    for i, (src, a) in enumerate(sorted(acts.items(), key=lambda kv: -len(kv[1]["types"])), 1):
+        lines += [f"#### A{i}: `{'`, `'.join(sorted(a['classes']))}`: {len(a['types'])} types", "",
+                  f"Types: {', '.join(sorted(a['types']))}", "", _code(src)]
 
     lines += ["## 3. Decoder layers (entries of a ModuleList whose class ends in Layer or Block), by forward source",
               ""]

@@ -189,6 +189,8 @@ class _Shrinker:
                 cfg.qk_nope_head_dim = min(d["qk_nope_head_dim"], 8)
             if _int(d.get("qk_head_dim")):
                 cfg.qk_head_dim = cfg.qk_rope_head_dim + getattr(cfg, "qk_nope_head_dim", 0)
+        if _int(d.get("rotary_dim")) and d["rotary_dim"] > HEAD_DIM // 2:
+            cfg.rotary_dim = HEAD_DIM // 2  # CodeGen / GPT-J: a partial rotary dim, as in the real models
         for k in ("v_head_dim",):
             if _int(d.get(k)) and d[k] > HEAD_DIM:
                 setattr(cfg, k, HEAD_DIM)
@@ -232,6 +234,10 @@ class _Shrinker:
                 and _is_text_config(cfg):
             rp = dict(rp, mrope_section=list(self.mrope_default))
             cfg.rope_parameters = rp
+        if self.mrope_default and "rope_scaling" in vars(cfg) and cfg.rope_scaling is None \
+                and "rope_parameters" not in vars(cfg) and _is_text_config(cfg):
+            # transformers 4.x: the section lives in rope_scaling, which the default config leaves None
+            cfg.rope_scaling = {"type": "default", "rope_type": "default", "mrope_section": list(self.mrope_default)}
         if _has_mrope(cfg) and (vars(cfg).get("partial_rotary_factor") or
                                 (rp or {}).get("partial_rotary_factor") or 1.0) < 1.0 and _int(vars(cfg).get("head_dim")):
             cfg.head_dim = 64  # a quarter of 16 leaves no rotary frequency for each of the three mrope axes
@@ -355,8 +361,13 @@ def modeling_source(model_type: str) -> str:
 def mrope_default(model_type: str):
     """The mrope section a type's modeling code falls back to when its config names none (Qwen2-VL's
     `config.rope_parameters.get("mrope_section", [16, 24, 24])`), or None."""
-    m = re.search(r'"mrope_section",\s*\[([\d,\s]+)\]', modeling_source(model_type))
-    return [int(x) for x in m.group(1).split(",") if x.strip()] if m else None
+    src = modeling_source(model_type)
+    m = re.search(r'"mrope_section",\s*\[([\d,\s]+)\]', src)
+    if m:
+        return [int(x) for x in m.group(1).split(",") if x.strip()]
+    # transformers 4.x reads config.rope_scaling["mrope_section"] with no fallback: Qwen2-VL's published
+    # section (of head_dim 128), which _fix_rope scales to the tiny head_dim
+    return [16, 24, 24] if re.search(r'rope_scaling\["mrope_section"\]', src) else None
 
 
 def default_config(model_type: str):

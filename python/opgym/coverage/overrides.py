@@ -74,6 +74,9 @@ _AFTER: dict = {
     # Muse-Glimmer: the adapter takes merge x merge vision patches concatenated.
     "muse_glimmer": lambda cfg: setattr(cfg, "out_hidden_size",
                                         cfg.vision_config.hidden_size * cfg.vision_config.merge_size ** 2),
+    # Default configs that leave the MoE (dots1) or the layer pattern (LFM2-MoE) to the checkpoint.
+    "dots1": _set(n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1),
+    "lfm2_moe": _set(layer_types=["conv", "full_attention"], num_dense_layers=1),
     # Mamba-2: heads x head_dim is expand x hidden (2 x 64).
     "mamba2": _set(num_heads=8),
 }

@@ -97,7 +97,7 @@ def _is_vision_only(model) -> bool:
     return "pixel_values" in params and "input_ids" not in params
 
 
-def run_type(model_type: str, seed: int = 0) -> dict:
+def run_type(model_type: str, seed: int = 0, on_built=None) -> dict:
     import opgym
 
     t0 = time.perf_counter()
@@ -111,6 +111,11 @@ def run_type(model_type: str, seed: int = 0) -> dict:
         result["seconds"] = round(time.perf_counter() - t0, 2)
         return result
     result["params"] = sum(p.numel() for p in model.parameters())
+    if on_built is not None:  # e.g. the catalog, reading the model before opgym touches it
+        try:
+            on_built(model_type, model, config, kind)
+        except Exception as e:  # noqa: BLE001
+            result["on_built_error"] = _short(e)
     try:
         inputs, name, ref = _inputs(model_type, model, config, kind, seed, result)
         _, again = _forward(model, inputs)
@@ -155,14 +160,14 @@ class _Timeout(BaseException):
     runner (or of the model) swallows it."""
 
 
-def run_type_limited(model_type: str, seed: int = 0, timeout: float = 300.0) -> dict:
+def run_type_limited(model_type: str, seed: int = 0, timeout: float = 300.0, on_built=None) -> dict:
     """run_type with a wall-clock limit (SIGALRM, main thread only; elsewhere no limit). A patch
     applied when the limit hits stays on a model that is discarded anyway."""
     import signal
     import threading
 
     if timeout <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
-        return run_type(model_type, seed)
+        return run_type(model_type, seed, on_built)
 
     def alarm(signum, frame):
         raise _Timeout()
@@ -171,7 +176,7 @@ def run_type_limited(model_type: str, seed: int = 0, timeout: float = 300.0) -> 
     old = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        return run_type(model_type, seed)
+        return run_type(model_type, seed, on_built)
     except _Timeout:
         head = build.head_of(model_type)
         return {"type": model_type, "status": "timed out", "error": f"stopped after {timeout:g} s",
