@@ -35,9 +35,24 @@ def head_of(model_type: str) -> tuple[str, str] | None:
         name = mapping.get(model_type)
         if isinstance(name, (list, tuple)):
             name = name[0]
-        if name:
+        if name and _takes_config_of(name, model_type):
             return kind, name
     return _class_of_config(model_type)
+
+
+def _takes_config_of(cls_name: str, model_type: str) -> bool:
+    """The class is built on the type's config (transformers 4.57 maps `pixtral` to Llava's model,
+    which takes a Llava config, not Pixtral's vision config)."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = getattr(transformers, cls_name, None)
+    want = getattr(cls, "config_class", None)
+    try:
+        have = CONFIG_MAPPING[model_type]
+    except KeyError:
+        return False
+    return want is None or issubclass(have, want)
 
 
 def _class_of_config(model_type: str) -> tuple[str, str] | None:
@@ -95,6 +110,11 @@ def build(model_type: str, seed: int = 0, attn_implementation: str = "eager"):
 
     head = head_of(model_type)
     if head is None:
+        import transformers
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        if model_type not in CONFIG_MAPPING:
+            raise RuntimeError(f"transformers {transformers.__version__} does not know this model type")
         raise RuntimeError("transformers has no model class for this type")
     kind, cls_name = head
     config, _ = configs.tiny_config(model_type)

@@ -46,11 +46,30 @@ def _eps(m: nn.Module):
 
 
 def is_norm_like(m: nn.Module) -> bool:
-    """A 1-D weight (or no weight at all) and an eps attribute."""
-    if _eps(m) is None:
+    """A leaf module with an eps attribute and a 1-D weight, or with no parameter at all (a norm
+    without scale); a mixer that merely carries an eps for its inner norm has children or other weights."""
+    if _eps(m) is None or m._modules:
         return False
-    w = m._parameters.get("weight") if "weight" in m._parameters else getattr(m, "weight", None)
-    return w is None or (isinstance(w, torch.Tensor) and w.dim() == 1)
+    w = m._parameters.get("weight")
+    if isinstance(w, torch.Tensor):
+        return w.dim() == 1
+    return not list(m.parameters())
+
+
+def forward_with_helpers(cls) -> str:
+    """cls.forward's source, then the source of each method of cls it calls as self.<name> (Gemma's
+    `self._norm`), so that the text is everything the forward computes."""
+    src = source_of(cls.forward)
+    try:
+        names = cls.forward.__code__.co_names
+    except AttributeError:
+        return src
+    for n in names:
+        fn = getattr(cls, n, None)
+        if isinstance(fn, pytypes.FunctionType) and n != "forward" and not hasattr(nn.Module, n) \
+                and fn.__module__ == cls.forward.__module__:
+            src += "\n" + source_of(fn)
+    return src
 
 
 def pattern(path: str) -> str:
@@ -72,7 +91,7 @@ def _norm(path, m) -> dict:
     cls = type(m)
     w = getattr(m, "weight", None)
     attr, eps = _eps(m)
-    return {"path": pattern(path), "cls": _qualname(cls), "forward": source_of(cls.forward),
+    return {"path": pattern(path), "cls": _qualname(cls), "forward": forward_with_helpers(cls),
             "weight": (list(w.shape), str(w.dtype).replace("torch.", "")) if isinstance(w, torch.Tensor) else None,
             "weight_init": _weight_init(cls), "eps_attr": attr, "eps": eps}
 
@@ -119,7 +138,7 @@ def _mlp(path, m) -> dict:
     for k, v in list(m._modules.items()) + [(k, v) for k, v in vars(m).items() if isinstance(v, nn.Module)]:
         if v is not None and not list(v.parameters()) and not isinstance(v, (nn.Linear, nn.Dropout, nn.ModuleList)):
             acts[_qualname(type(v))] = source_of(type(v).forward)
-    return {"path": pattern(path), "cls": _qualname(cls), "forward": source_of(cls.forward), "linears": linears,
+    return {"path": pattern(path), "cls": _qualname(cls), "forward": forward_with_helpers(cls), "linears": linears,
             "params": params, "act": _activation(m), "gated": _gated(linears, params), "act_sources": acts,
             "children": {k: type(v).__name__ for k, v in m._modules.items() if v is not None}}
 

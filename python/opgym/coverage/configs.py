@@ -74,10 +74,12 @@ def _int(v) -> bool:
 
 
 class _Shrinker:
-    def __init__(self, mrope_default=None):
+    def __init__(self, mrope_default=None, source: str = ""):
         self.id_map: dict[int, int] = {}
         self.notes: list[str] = []
         self.mrope_default = mrope_default
+        # transformers 4.x modeling code that indexes config.rope_scaling["rope_type"] without a default
+        self.needs_rope_type = bool(re.search(r'rope_scaling\["rope_type"\]', source))
 
     # ---- depth -------------------------------------------------------------------------------
     def _layers_kept(self, cfg, n: int) -> list[int]:
@@ -238,6 +240,9 @@ class _Shrinker:
                 and "rope_parameters" not in vars(cfg) and _is_text_config(cfg):
             # transformers 4.x: the section lives in rope_scaling, which the default config leaves None
             cfg.rope_scaling = {"type": "default", "rope_type": "default", "mrope_section": list(self.mrope_default)}
+        elif self.needs_rope_type and "rope_scaling" in vars(cfg) and cfg.rope_scaling is None \
+                and "rope_parameters" not in vars(cfg) and _is_text_config(cfg):
+            cfg.rope_scaling = {"rope_type": "default"}
         if _has_mrope(cfg) and (vars(cfg).get("partial_rotary_factor") or
                                 (rp or {}).get("partial_rotary_factor") or 1.0) < 1.0 and _int(vars(cfg).get("head_dim")):
             cfg.head_dim = 64  # a quarter of 16 leaves no rotary frequency for each of the three mrope axes
@@ -386,7 +391,7 @@ def tiny_config(model_type: str):
     if "vision_config" in vars(cfg) and cfg.vision_config is None and vc_cls is not None \
             and vc_cls.__name__ != "AutoConfig":
         cfg.vision_config = vc_cls()  # e.g. Gemma-4's default has none: the vision tower should run too
-    s = _Shrinker(mrope_default(model_type))
+    s = _Shrinker(mrope_default(model_type), modeling_source(model_type))
     overrides.before(model_type, cfg)
     s.shrink(cfg)
     s.remap(cfg)

@@ -74,6 +74,8 @@ def _processor(model_type: str, vc):
         sizes = {}
         for attr in ("size", "crop_size", "max_image_size"):
             d = _as_dict(getattr(proc, attr, None))
+            if d and max((v for v in d.values() if isinstance(v, int)), default=0) > 16384:
+                continue  # Qwen2-VL-style: shortest/longest_edge are pixel counts, not sides
             if d:
                 sizes[attr] = {k: (side if k in ("shortest_edge", "height", "width", "longest_edge") else v)
                                for k, v in d.items()}
