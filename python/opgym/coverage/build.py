@@ -35,24 +35,9 @@ def head_of(model_type: str) -> tuple[str, str] | None:
         name = mapping.get(model_type)
         if isinstance(name, (list, tuple)):
             name = name[0]
-        if name and _takes_config_of(name, model_type):
+        if name:
             return kind, name
     return _class_of_config(model_type)
-
-
-def _takes_config_of(cls_name: str, model_type: str) -> bool:
-    """The class is built on the type's config (transformers 4.57 maps `pixtral` to Llava's model,
-    which takes a Llava config, not Pixtral's vision config)."""
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    cls = getattr(transformers, cls_name, None)
-    want = getattr(cls, "config_class", None)
-    try:
-        have = CONFIG_MAPPING[model_type]
-    except KeyError:
-        return False
-    return want is None or issubclass(have, want)
 
 
 def _class_of_config(model_type: str) -> tuple[str, str] | None:
@@ -118,9 +103,18 @@ def build(model_type: str, seed: int = 0, attn_implementation: str = "eager"):
         raise RuntimeError("transformers has no model class for this type")
     kind, cls_name = head
     config, _ = configs.tiny_config(model_type)
-    cls = _model_class(cls_name)
     torch.manual_seed(seed)
-    model = cls._from_config(config, dtype=DTYPE, attn_implementation=attn_implementation)
+    try:
+        model = _model_class(cls_name)._from_config(config, dtype=DTYPE, attn_implementation=attn_implementation)
+    except Exception:
+        # transformers 4.57 maps `pixtral` to Llava's model, which wants a Llava config: the class of
+        # the type's own modeling module that takes its config, if there is another one
+        other = _class_of_config(model_type)
+        if other is None or other[1] == cls_name:
+            raise
+        kind, cls_name = other
+        torch.manual_seed(seed)
+        model = _model_class(cls_name)._from_config(config, dtype=DTYPE, attn_implementation=attn_implementation)
     model.eval()
     rng = np.random.default_rng(seed)
     std = 0.02

@@ -2,16 +2,60 @@
 (and their classes and module paths) that run it, most used first."""
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 
 
-def _group(entries, key: str, what=lambda item: item["forward"]) -> list:
-    """[(source, {type: [items]})] over entries[*][key], the most used source first."""
+def fingerprints(src: str) -> str:
+    """opgym.patch.fingerprint of each function in `src` (the forward first, then the helpers it calls),
+    computed from the text: statements only, so sources that differ in comments, docstrings,
+    annotations or decorators share it. '' when the text does not parse."""
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return ""
+    out = []
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        node.body, node.decorator_list, node.returns = body, [], None
+        for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+            a.annotation = None
+        for a in (node.args.vararg, node.args.kwarg):
+            if a is not None:
+                a.annotation = None
+        out.append(hashlib.sha256(ast.dump(node).encode()).hexdigest()[:16])
+    return "+".join(out)
+
+
+def _group(entries, key: str, what=lambda item: fingerprints(item["forward"]) or item["forward"]) -> list:
+    """[(fingerprint, {type: [items]})] over entries[*][key], the most used first: forwards that differ
+    only in comments and docstrings are one group."""
     groups: dict[str, dict[str, list]] = {}
     for e in entries:
         for item in e[key]:
             groups.setdefault(what(item), {}).setdefault(e["type"], []).append(item)
     return sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+
+
+def _source_of_group(by_type: dict) -> tuple[str, int]:
+    """The group's source (the most common text) and how many texts it has."""
+    texts: dict[str, int] = {}
+    for items in by_type.values():
+        for it in items:
+            texts[it["forward"]] = texts.get(it["forward"], 0) + 1
+    return max(texts, key=texts.get), len(texts)
+
+
+def _heading(prefix: str, i: int, fp: str, by_type: dict) -> list:
+    src, n = _source_of_group(by_type)
+    fp_text = f"fingerprint `{fp}`" if fp and "\n" not in fp else "no fingerprint"
+    more = f" ({n} texts differing only in comments/docstrings; the most common shown)" if n > 1 else ""
+    return [f"### {prefix}{i}: {len(by_type)} types; {fp_text}{more}", ""], src
 
 
 def _types_line(by_type: dict) -> str:
@@ -71,16 +115,18 @@ def render(entries: list, failed: dict, report=None) -> str:
     lines += ["## 0. What opgym changes today (this run)", ""] + _changes(report)
 
     lines += ["## 1. Norms (any module with a 1-D weight, or none, and an eps attribute), by forward source", ""]
-    for i, (src, by_type) in enumerate(_group(entries, "norms"), 1):
+    for i, (fp, by_type) in enumerate(_group(entries, "norms"), 1):
+        head, src = _heading("N", i, fp, by_type)
         inits = sorted({it["weight_init"] for items in by_type.values() for it in items})
         eps = sorted({it["eps_attr"] for items in by_type.values() for it in items})
         dt = sorted({str(it["weight"][1]) if it["weight"] else "no weight" for items in by_type.values() for it in items})
-        lines += [f"### N{i}: {len(by_type)} types", "", f"Types: {_types_line(by_type)}", "",
+        lines += head + [f"Types: {_types_line(by_type)}", "",
                   f"Classes: {_classes(by_type)}", "", f"Weight init: {', '.join(inits)}; eps attribute: "
                   f"{', '.join(eps)}; weight dtype: {', '.join(dt)}", "", _code(src)]
 
     lines += ["## 2. MLPs (classes named MLP / FeedForward / FFN / Expert / MoE), by forward source", ""]
-    for i, (src, by_type) in enumerate(_group(entries, "mlps"), 1):
+    for i, (fp, by_type) in enumerate(_group(entries, "mlps"), 1):
+        head, src = _heading("M", i, fp, by_type)
         shapes = {}
         for items in by_type.values():
             for it in items:
@@ -89,7 +135,7 @@ def render(entries: list, failed: dict, report=None) -> str:
                            or "-")
                         + (f"; params {json.dumps(it['params'])}" if it["params"] else ""))
                 shapes.setdefault(it["cls"], set()).add(desc)
-        lines += [f"### M{i}: {len(by_type)} types", "", f"Types: {_types_line(by_type)}", "",
+        lines += head + [f"Types: {_types_line(by_type)}", "",
                   f"Classes: {_classes(by_type)}", ""]
         lines += [f"- `{c}`: {' | '.join(sorted(d))}" for c, d in sorted(shapes.items())] + ["", _code(src)]
 
@@ -101,17 +147,18 @@ def render(entries: list, failed: dict, report=None) -> str:
                 a = acts.setdefault(src, {"classes": set(), "types": set()})
                 a["classes"].add(cls)
                 a["types"].add(e["type"])
-    for i, (src, a) in enumerate(sorted(acts.items(), key=lambda kv: -len(kv[1]["types"])), 1):
+    for i, (src, a) in enumerate(sorted(acts.items(), key=lambda kv: -len(kv[1]["types"])), 1):  # by text
         lines += [f"#### A{i}: `{'`, `'.join(sorted(a['classes']))}`: {len(a['types'])} types", "",
                   f"Types: {', '.join(sorted(a['types']))}", "", _code(src)]
 
     lines += ["## 3. Decoder layers (entries of a ModuleList whose class ends in Layer or Block), by forward source",
               ""]
-    for i, (src, by_type) in enumerate(_group(entries, "layers"), 1):
+    for i, (fp, by_type) in enumerate(_group(entries, "layers"), 1):
+        head, src = _heading("L", i, fp, by_type)
         norms = sorted({", ".join(f"{k}={v}" for k, v in it["norms"].items()) or "no norm children"
                         for items in by_type.values() for it in items})
         it0 = next(iter(by_type.values()))[0]
-        lines += [f"### L{i}: {len(by_type)} types", "", f"Types: {_types_line(by_type)}", "",
+        lines += head + [f"Types: {_types_line(by_type)}", "",
                   f"Classes: {_classes(by_type)}", "", f"Norm children: {' | '.join(norms)}", "",
                   f"Residual adds in the source: {it0['residual_adds']}; scaled by: "
                   f"{', '.join(it0['scaled']) or '-'}", "", _code(src)]
@@ -133,12 +180,14 @@ def render(entries: list, failed: dict, report=None) -> str:
     groups: dict[str, dict] = {}
     for e in entries:
         for name, r in e["rope"].items():
-            g = groups.setdefault(r["source"], {"names": set(), "types": set(), "users": set()})
+            g = groups.setdefault(fingerprints(r["source"]) or r["source"],
+                                  {"names": set(), "types": set(), "users": set(), "src": r["source"]})
             g["names"].add(name)
             g["types"].add(e["type"])
             g["users"].update(r["users"])
-    for i, (src, g) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]["types"])), 1):
-        lines += [f"### R{i}: `{'`, `'.join(sorted(g['names']))}`: {len(g['types'])} types", "",
+    for i, (fp, g) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]["types"])), 1):
+        src = g["src"]
+        lines += [f"### R{i}: `{'`, `'.join(sorted(g['names']))}`: {len(g['types'])} types; fingerprint `{fp[:40]}`", "",
                   f"Types: {', '.join(sorted(g['types']))}", "",
                   f"Called from: {', '.join(f'`{u}`' for u in sorted(g['users']))[:1500]}", "", _code(src)]
     lines += ["### Rotary settings of each type's config", "", "| type | settings |", "|---|---|"]

@@ -110,6 +110,7 @@ def run_type(model_type: str, seed: int = 0, on_built=None) -> dict:
         result.update(status="could not build", error=_short(e))
         result["seconds"] = round(time.perf_counter() - t0, 2)
         return result
+    result["head"], result["cls"] = kind, type(model).__name__
     result["params"] = sum(p.numel() for p in model.parameters())
     if on_built is not None:  # e.g. the catalog, reading the model before opgym touches it
         try:
