@@ -137,7 +137,9 @@ def _mlp(path, m) -> dict:
     acts = {}
     for k, v in list(m._modules.items()) + [(k, v) for k, v in vars(m).items() if isinstance(v, nn.Module)]:
         if v is not None and not list(v.parameters()) and not isinstance(v, (nn.Linear, nn.Dropout, nn.ModuleList)):
-            acts[_qualname(type(v))] = source_of(type(v).forward)
+            inner = vars(v).get("act")  # transformers' activations pick their function in __init__
+            name = _qualname(type(v)) + (f" (act = {inner!r})" if inner is not None else "")
+            acts[name] = source_of(type(v).forward)
     return {"path": pattern(path), "cls": _qualname(cls), "forward": forward_with_helpers(cls), "linears": linears,
             "params": params, "act": _activation(m), "gated": _gated(linears, params), "act_sources": acts,
             "children": {k: type(v).__name__ for k, v in m._modules.items() if v is not None}}
@@ -157,9 +159,12 @@ def _qk(path, m) -> dict | None:
     found = {k: v for k, v in m._modules.items() if k in QK_NORM_NAMES and v is not None}
     if not found:
         return None
-    head_dim = getattr(m, "head_dim", None)
-    heads = getattr(m, "num_heads", None) or getattr(m, "num_attention_heads", None)
-    kv = getattr(m, "num_key_value_heads", None) or getattr(m, "num_kv_heads", None)
+    cfg = getattr(m, "config", None)
+    head_dim = getattr(m, "head_dim", None) or getattr(cfg, "head_dim", None)
+    heads = (getattr(m, "num_heads", None) or getattr(m, "num_attention_heads", None)
+             or getattr(cfg, "num_attention_heads", None))
+    kv = (getattr(m, "num_key_value_heads", None) or getattr(m, "num_kv_heads", None)
+          or getattr(cfg, "num_key_value_heads", None))
     out = {}
     for k, v in found.items():
         w = getattr(v, "weight", None)
