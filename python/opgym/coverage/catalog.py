@@ -160,16 +160,22 @@ def _qk(path, m) -> dict | None:
     if not found:
         return None
     cfg = getattr(m, "config", None)
-    head_dim = getattr(m, "head_dim", None) or getattr(cfg, "head_dim", None)
-    heads = (getattr(m, "num_heads", None) or getattr(m, "num_attention_heads", None)
-             or getattr(cfg, "num_attention_heads", None))
-    kv = (getattr(m, "num_key_value_heads", None) or getattr(m, "num_kv_heads", None)
-          or getattr(cfg, "num_key_value_heads", None))
+
+    def conf(name):  # a per-layer config attribute raises on the global config: then unknown
+        try:
+            return getattr(cfg, name, None)
+        except Exception:  # noqa: BLE001
+            return None
+    head_dim = getattr(m, "head_dim", None) or conf("head_dim")
+    heads = getattr(m, "num_heads", None) or getattr(m, "num_attention_heads", None) or conf("num_attention_heads")
+    kv = getattr(m, "num_key_value_heads", None) or getattr(m, "num_kv_heads", None) or conf("num_key_value_heads")
     out = {}
     for k, v in found.items():
         w = getattr(v, "weight", None)
         n = int(w.shape[0]) if isinstance(w, torch.Tensor) and w.dim() == 1 else None
-        if n is not None and head_dim and n == head_dim:
+        if k in ("q_a_layernorm", "kv_a_layernorm"):
+            how = f"MLA latent (LoRA rank) width {n}"
+        elif n is not None and head_dim and n == head_dim:
             how = "per-head (width head_dim)"
         elif n is not None and head_dim and heads and n == heads * head_dim:
             how = "full width (heads x head_dim)"
