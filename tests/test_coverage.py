@@ -2,7 +2,8 @@
 a tiny seeded bf16 model of each, one forward without and with opgym.patch, and the promise checked
 bit for bit: no logit may change.
 
-Run in-process (one coverage run for the module, ~a few minutes on 2 cores; the time is printed).
+Run in-process, one coverage run for the module (the time is printed): measured on the 2-core dev
+machine at 27 s wall (20 s for the run) under a load of 7, 2 min 8 s while a 272-type sweep ran beside it.
 """
 from __future__ import annotations
 
