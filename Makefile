@@ -9,7 +9,7 @@ APT_PACKAGES := cmake ninja-build g++ make libgtest-dev libgmock-dev nlohmann-js
 FUZZ_SECONDS ?= 10
 CMAKE_ARGS ?=
 
-.PHONY: all deps venv build build-asan build-fuzz test test-cpp test-asan test-fuzz test-python test-huge test-hf install-python run bench clean
+.PHONY: all deps venv build build-asan build-fuzz test test-cpp test-asan test-fuzz test-python test-huge test-hf install-python run bench coverage coverage-old clean
 
 all: build
 
@@ -72,6 +72,24 @@ run: install-python
 
 bench: build install-python
 	$(VENV)/bin/opgym bench $(BENCH_ARGS)
+
+# `opgym coverage` over the CI list (every model type Liger-Kernel 0.8.5 patches, plus Qwen2.5-VL): tiny
+# seeded models, logits bit for bit with and without opgym.patch; fails on any changed logit.
+COVERAGE_ARGS ?= --list liger
+coverage: install-python
+	$(VENV)/bin/opgym coverage $(COVERAGE_ARGS)
+
+# The same under the oldest transformers opgym checks (requirements-tf-old.txt: 4.57.6, the last 4.x),
+# in a venv of its own with the same torch: it runs the sources in python/ with the extension the project
+# venv built (same torch build, so the same ABI), instead of compiling it a second time.
+VENV_OLD := .venv-tf-old
+$(VENV_OLD)/.requirements: requirements-tf-old.txt
+	test -x $(VENV_OLD)/bin/python || python3 -m venv $(VENV_OLD)
+	$(VENV_OLD)/bin/python -m pip install -q --disable-pip-version-check -r requirements-tf-old.txt
+	touch $@
+coverage-old: install-python $(VENV_OLD)/.requirements
+	cp $$($(PY) -c 'import opgym, os; print(os.path.dirname(opgym.__file__))')/_C.so python/opgym/_C.so
+	PYTHONPATH=python $(VENV_OLD)/bin/python -m opgym.cli coverage $(COVERAGE_ARGS)
 
 clean:
 	rm -rf build build-asan build-fuzz _skbuild dist *.egg-info

@@ -18,6 +18,7 @@ from . import ops as _ops_table
 LAZY = {
     "run": ("opgym.run", "A/B-run the model with and without opgym's fused operators"),
     "bench": ("opgym.bench", "benchmark opgym's operators against torch"),
+    "coverage": ("opgym.coverage", "every HF model type, tiny and seeded: what opgym fuses and whether the logits stay bit-identical"),
 }
 
 
