@@ -16,6 +16,7 @@ import sys
 LAZY = {
     "run": ("opgym.run", "A/B-run the model with and without opgym's fused operators"),
     "bench": ("opgym.bench", "benchmark opgym's operators against torch"),
+    "serve-bench": ("opgym.vllm.serve_bench", "serve Qwen2.5-VL through vLLM with and without opgym's plugin"),
 }
 
 
