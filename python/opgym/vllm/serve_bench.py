@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 
-from . import checkpoint
+from . import checkpoint, layer_bench
 
 SIDES = ("vllm", "opgym")
 DEFAULT_TEXT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -43,7 +43,10 @@ def add_arguments(p) -> None:
     p.add_argument("--kv-cache-gb", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE per engine (default 1)")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="passed to vLLM (GPU servers)")
+    p.add_argument("--aa", action="store_true", help="a third engine, vLLM without the plugin again, in the same "
+                   "rounds: the spread between two identical engines is the noise floor of the comparison")
     p.add_argument("--no-verify", action="store_true", help="skip the verify pass")
+    p.add_argument("--no-layer-bench", action="store_true", help="skip the per-call layer timings")
     p.add_argument("--no-hf", action="store_true", help="skip HF eager's greedy tokens")
     p.add_argument("--report", default=None, help="write everything measured here as JSON")
 
@@ -70,7 +73,7 @@ def _engine(path: str, side: str, args):
     from vllm import LLM
 
     old = os.environ.get("OPGYM_VLLM")
-    os.environ["OPGYM_VLLM"] = "1" if side == "opgym" else "0"
+    os.environ["OPGYM_VLLM"] = "1" if side == "opgym" else "0"  # "vllm", "vllm-aa": the plugin off
     try:
         t0 = time.perf_counter()
         llm = LLM(model=path, dtype="bfloat16", enforce_eager=True, max_model_len=args.max_model_len,
@@ -98,7 +101,7 @@ def _one(llm, messages, n: int) -> dict:
     if m is not None and len(toks) > 1 and m.last_token_ts > m.first_token_ts:
         decode = (len(toks) - 1) / (m.last_token_ts - m.first_token_ts)
     return {"ttft_ms": None if m is None else 1000.0 * m.first_token_latency, "decode_tok_s": decode,
-            "wall_s": wall, "tokens": toks, "prompt_tokens": len(out.prompt_token_ids),
+            "wall_s": wall, "e2e_tok_s": len(toks) / wall, "tokens": toks, "prompt_tokens": len(out.prompt_token_ids),
             "prompt_token_ids": list(out.prompt_token_ids)}
 
 
@@ -176,17 +179,30 @@ def _change(a, b) -> str:
     return f"{pct:+.1f}%"
 
 
+def _cell(xs, nd) -> str:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    return f"{_fmt(statistics.median(xs), nd)} ({_fmt(min(xs), nd)}-{_fmt(max(xs), nd)})"
+
+
 def _table(report: dict) -> str:
     t = report["timing"]
-    rows = ["| metric | vLLM (its own CPU layers) | vLLM + opgym plugin | change |", "|---|---|---|---|"]
+    n = report["max_new_tokens"]
+    aa = "vllm-aa" in report["sides"]
+    rows = ["| metric (median, range) | vLLM (its own CPU layers) | vLLM + opgym plugin | change of medians |"
+            + (" vLLM again (A/A: the noise) | its change |" if aa else ""),
+            "|---|---|---|---|" + ("---|---|" if aa else "")]
     for name in t:
         a, b = t[name]["vllm"], t[name]["opgym"]
-        rows.append(f"| {name}: time to first token (ms, median of {len(a['ttft_ms'])}) | "
-                    f"{_fmt(_median(a['ttft_ms']))} | {_fmt(_median(b['ttft_ms']))} | "
-                    f"{_change(_median(a['ttft_ms']), _median(b['ttft_ms']))} |")
-        rows.append(f"| {name}: decode tokens/s (median) | {_fmt(_median(a['decode_tok_s']), 2)} | "
-                    f"{_fmt(_median(b['decode_tok_s']), 2)} | "
-                    f"{_change(_median(a['decode_tok_s']), _median(b['decode_tok_s']))} |")
+        for key, label, nd in (("ttft_ms", "time to first token (ms)", 1), ("decode_tok_s", "decode tokens/s", 2),
+                               ("e2e_tok_s", f"request tokens/s ({n} tokens / wall)", 2)):
+            row = (f"| {name}: {label} | {_cell(a[key], nd)} | {_cell(b[key], nd)} | "
+                   f"{_change(_median(a[key]), _median(b[key]))} |")
+            if aa:
+                c = t[name]["vllm-aa"]
+                row += f" {_cell(c[key], nd)} | {_change(_median(a[key]), _median(c[key]))} |"
+            rows.append(row)
     ops = report["stats"]["opgym"]["ops"]
     fused = sum(o["fused"] for o in ops.values())
     fb = sum(o["fallback"] for o in ops.values())
@@ -247,27 +263,33 @@ def main(args) -> int:
     report = {"model": what, "path": path, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds}
 
     hf = None if args.no_hf else _hf_tokens(path, prompts, args.max_new_tokens)
+    sides = SIDES + (("vllm-aa",) if args.aa else ())
+    report["sides"] = sides
+    report["layer_bench"] = None if args.no_layer_bench else layer_bench.run()
     engines, init_s = {}, {}
-    for side in SIDES:
+    for side in sides:
         engines[side], init_s[side] = _engine(path, side, args)
     report["engine_init_s"] = init_s
-    for side in SIDES:  # warm-up (first-call allocations), then zero the counters
+    for side in sides:  # warm-up (first-call allocations), then zero the counters
         for text, img in prompts.values():
             _one(engines[side], _messages(text, img), 2)
         engines[side].collective_rpc("opgym_reset_stats")
 
-    timing = {name: {s: {"ttft_ms": [], "decode_tok_s": [], "wall_s": []} for s in SIDES} for name in prompts}
+    keys = ("ttft_ms", "decode_tok_s", "e2e_tok_s", "wall_s")
+    timing = {name: {s: {k: [] for k in keys} for s in sides} for name in prompts}
+    report["load_avg_before"] = os.getloadavg()
     tokens = {name: {} for name in prompts}
     for r in range(args.rounds):
-        order = SIDES if r % 2 == 0 else SIDES[::-1]
+        order = sides if r % 2 == 0 else sides[::-1]
         for name, (text, img) in prompts.items():
             for side in order:
                 res = _one(engines[side], _messages(text, img), args.max_new_tokens)
-                for k in ("ttft_ms", "decode_tok_s", "wall_s"):
+                for k in keys:
                     timing[name][side][k].append(res[k])
                 tokens[name].setdefault(side, res)
     report["timing"] = timing
-    report["stats"] = {side: _stats(engines[side]) for side in SIDES}
+    report["load_avg_after"] = os.getloadavg()
+    report["stats"] = {side: _stats(engines[side]) for side in sides}
 
     greedy = {}
     for name in prompts:
@@ -291,7 +313,7 @@ def main(args) -> int:
             _one(llm, _messages(text, img), args.max_new_tokens)
         llm.collective_rpc("opgym_set_verify", args=(False,))
         report["verify"] = _stats(llm)["verify"]
-    for side in SIDES:
+    for side in sides:
         try:
             engines[side].llm_engine.engine_core.shutdown()
         except AttributeError:  # another vLLM's layout: its exit handlers stop it
@@ -302,7 +324,8 @@ def main(args) -> int:
     classes = st["classes"]
     ok = all(o["fallback"] == 0 for o in st["ops"].values()) and sum(o["fused"] for o in st["ops"].values()) > 0
     ok = ok and all(c["called"] == c["all_fused"] for c in classes.values())
-    ok = ok and all(o["calls"] == 0 for o in report["stats"]["vllm"]["ops"].values())
+    ok = ok and all(o["calls"] == 0 for side in sides if side != "opgym"
+                    for o in report["stats"][side]["ops"].values())
     if "verify" in report:
         ok = ok and bool(report["verify"]) and all(v["opgym_differ"] == 0 for v in report["verify"].values())
     report["ok"] = ok
@@ -319,10 +342,16 @@ def main(args) -> int:
     for op, o in st["ops"].items():
         if o["reasons"]:
             print(f"fallbacks of {op}: {o['reasons']}")
+    if report["layer_bench"]:
+        print("\nper call, vLLM's own layer vs opgym's (1 torch thread, as vLLM's worker here; forward incl. "
+              "dispatch and the plugin's checks):")
+        print(layer_bench.table(report["layer_bench"]))
     if "verify" in report:
         print("\nlayer check (one text and one image request, verify mode; every served call's inputs):")
         print(_verify_table(report["verify"]))
-    print(f"\nengine start: vLLM {init_s['vllm']:.0f} s, vLLM + opgym {init_s['opgym']:.0f} s; "
+    print(f"\nload average (1/5/15 min) before the timed rounds {report['load_avg_before']}, after "
+          f"{report['load_avg_after']} on {os.cpu_count()} CPUs")
+    print(f"engine start: vLLM {init_s['vllm']:.0f} s, vLLM + opgym {init_s['opgym']:.0f} s; "
           f"whole run {report['wall_s']:.0f} s; {'OK' if ok else 'FAILED its checks'}")
     if args.report:
         with open(args.report, "w") as f:
