@@ -24,7 +24,8 @@ HERE = Path(__file__).resolve().parent
 # merger, MRoPE with three sections, tied embeddings) at widths vLLM's CPU kernels support (text head_dim
 # 64; the 3B's is 128) and that build and run in seconds. Weights with std 0.1 (the 3B's init is 0.02),
 # so that greedy decoding of this small model does not repeat one token and token comparisons say something.
-TINY_VL = {"initializer_range": 0.1, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+TINY_VL = {"initializer_range": 0.1, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
+           "num_key_value_heads": 1,
            "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]},
            "vision_config": {"hidden_size": 64, "intermediate_size": 96, "num_heads": 4, "out_hidden_size": 128}}
 

@@ -59,8 +59,8 @@ def test_qwen2_5_vl_every_layer_served_and_exact(vl_on, capsys):
     assert len(files) == 1 and json.loads(files[0].read_text())["ops"] == stats["ops"]
     with capsys.disabled():
         for op, v in stats["verify"].items():
-            print(f"\n[vllm verify] {op}: {v['calls']} calls, {v['elements']} elements, opgym != HF 0; vLLM's own != HF "
-                  f"{v['vllm_differ']} (max {v['vllm_max_ulp']} ulp; {v['vllm_ulp']})")
+            print(f"\n[vllm verify] {op}: {v['calls']} calls, {v['elements']} elements, opgym != HF 0; "
+                  f"vLLM's own != HF {v['vllm_differ']} (max {v['vllm_max_ulp']} ulp; {v['vllm_ulp']})")
 
 
 def test_qwen2_5_vl_tokens_vs_vllm_own_and_hf_eager(vl_on, tiny_vl, capsys):
