@@ -26,7 +26,7 @@ def _new_op() -> dict:
 
 
 def _new_verify() -> dict:
-    return {"calls": 0, "elements": 0, "opgym_differ": 0, "vllm_differ": 0, "vllm_max_ulp": 0,
+    return {"calls": 0, "elements": 0, "opgym_differ": 0, "vllm_differ": 0, "vllm_max_ulp": 0, "vllm_max_abs": 0.0,
             "vllm_ulp": {b: 0 for b in ULP_BUCKETS}}
 
 
@@ -94,6 +94,9 @@ def record_verify(op: str, opgym_out, ref, vllm_out) -> None:
             v["vllm_ulp"][">16"] += r.numel()
             continue
         d, nan = ulp_distance(own, r)
+        fin = torch.isfinite(own) & torch.isfinite(r)
+        if bool(fin.any()):
+            v["vllm_max_abs"] = max(v["vllm_max_abs"], float((own.float() - r.float())[fin].abs().max()))
         v["vllm_differ"] += int(((d != 0) | nan).sum())
         v["vllm_max_ulp"] = max(v["vllm_max_ulp"], int(d.max()) if d.numel() else 0)
         h = v["vllm_ulp"]

@@ -126,6 +126,7 @@ def _stats(llm) -> dict:
             for k in ("calls", "elements", "opgym_differ", "vllm_differ"):
                 d[k] += v[k]
             d["vllm_max_ulp"] = max(d["vllm_max_ulp"], v["vllm_max_ulp"])
+            d["vllm_max_abs"] = max(d.get("vllm_max_abs", 0.0), v.get("vllm_max_abs", 0.0))
             for b, k in v["vllm_ulp"].items():
                 d["vllm_ulp"][b] += k
     return {"workers": len(per_worker), "ops": ops, "classes": classes, "verify": verify}
@@ -225,13 +226,14 @@ def _greedy_table(greedy: dict) -> str:
 
 def _verify_table(verify: dict) -> str:
     rows = ["| op | calls | elements | opgym != HF formula | vLLM's own != HF formula | max ulp | "
-            "ulp histogram 0/1/2/3-4/5-8/9-16/>16 |", "|---|---|---|---|---|---|---|"]
+            "max abs diff | ulp histogram 0/1/2/3-4/5-8/9-16/>16 |", "|---|---|---|---|---|---|---|---|"]
     for op, v in verify.items():
         h = v["vllm_ulp"]
         hist = "/".join(str(h[b]) for b in ("0", "1", "2", "3-4", "5-8", "9-16", ">16"))
         share = 100.0 * v["vllm_differ"] / max(1, v["elements"])
         rows.append(f"| {op} | {v['calls']} | {v['elements']:,} | {v['opgym_differ']} | "
-                    f"{v['vllm_differ']:,} ({share:.2f}%) | {v['vllm_max_ulp']} | {hist} |")
+                    f"{v['vllm_differ']:,} ({share:.2f}%) | {v['vllm_max_ulp']} | "
+                    f"{v.get('vllm_max_abs', 0):.3g} | {hist} |")
     return "\n".join(rows)
 
 
