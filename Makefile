@@ -91,9 +91,9 @@ install-vllm: venv-vllm deps
 	$(PY_VLLM) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
 	  -C build-dir=build-python-vllm/{wheel_tag} .
 
-# The plugin inside vLLM's CPU engine on a tiny Qwen2.5-VL (tests/vllm/).
+# The plugin inside vLLM's CPU engine on a tiny Qwen2.5-VL (tests/vllm_plugin/).
 test-vllm: install-vllm
-	cd tests/vllm && ../../$(PY_VLLM) -m pytest -q -p no:cacheprovider .
+	cd tests/vllm_plugin && ../../$(PY_VLLM) -m pytest -q -p no:cacheprovider .
 
 # Qwen2.5-VL (3B widths, reduced depth) served by vLLM with and without the plugin, interleaved.
 serve-bench: install-vllm

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import drive
+from vllm_helpers import drive
 
 SERVED = ("RMSNorm", "SiluAndMul", "MRotaryEmbedding")
 

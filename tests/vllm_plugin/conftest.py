@@ -7,18 +7,12 @@ groups, the plugin registry, thread binding) never leaks between tests or into p
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 if importlib.util.find_spec("vllm") is None:
     collect_ignore_glob = ["test_*.py"]
-
-HERE = Path(__file__).resolve().parent
 
 # A Qwen2.5-VL with every code path of the real one (vision tower with window and full attention blocks,
 # merger, MRoPE with three sections, tied embeddings) at widths vLLM's CPU kernels support (text head_dim
@@ -55,16 +49,3 @@ def tiny_qwen2(tmp_path_factory) -> Path:
                 p.copy_(1 + 0.1 * torch.randn_like(p, dtype=torch.float32))
     model.save_pretrained(str(path))
     return path
-
-
-def drive(model: Path, *args: str, env: dict | None = None, timeout: int = 600) -> dict:
-    """Runs drive.py on `model` in a fresh Python and returns its JSON result."""
-    e = dict(os.environ)
-    e.update({"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    e.update(env or {})
-    p = subprocess.run([sys.executable, str(HERE / "drive.py"), str(model), *args], env=e, capture_output=True,
-                       text=True, timeout=timeout)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("DRIVE_RESULT ")]
-    if p.returncode != 0 or not lines:
-        raise AssertionError(f"drive.py failed (rc {p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-8000:]}")
-    return json.loads(lines[-1][len("DRIVE_RESULT "):])
