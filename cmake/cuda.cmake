@@ -36,7 +36,7 @@ elseif(NOT _opgym_cuda_mode STREQUAL "off")
     set(OPGYM_HAVE_CUDA ON)
     message(STATUS "opgym: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES})")
 
-    add_library(opgym_cuda OBJECT src/ops/rms_norm/rms_norm.cu src/ops/add_rms_norm/add_rms_norm.cu
+    add_library(opgym_cuda OBJECT src/core/cuda_device.cu src/ops/rms_norm/rms_norm.cu src/ops/add_rms_norm/add_rms_norm.cu
       src/ops/rotary/rotary.cu src/ops/swiglu/swiglu.cu)
     set_target_properties(opgym_cuda PROPERTIES
       CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON POSITION_INDEPENDENT_CODE ON)
