@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every libFuzzer target (build-fuzz/fuzz_*, built by `make build-fuzz`) for SECONDS each on its
+# Runs every libFuzzer target built (build-fuzz/fuzz_*, by `make build-fuzz`: the case-file loader's and
+# one per op that declares FUZZ in its src/ops/<op>/CMakeLists.txt) for SECONDS each on its
 # corpus in fuzz/corpus/<target> (copied to a temporary directory, so a run never edits the repo), the
 # case-file target also seeded with every case file opgym ships and PyPTO-Gym's. Prints the inputs
 # each target tried; exits non-zero on the first crash, leak, sanitizer report or timeout, leaving
@@ -10,14 +11,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-10}"
 MODE="${2:-run}"
-targets=(case_file rms_norm add_rms_norm rotary swiglu)
+targets=()
+for exe in build-fuzz/fuzz_*; do
+  if [[ -f "$exe" && -x "$exe" ]]; then targets+=("${exe#build-fuzz/fuzz_}"); fi
+done
+(( ${#targets[@]} )) || { echo "fuzz: no build-fuzz/fuzz_* target (make build-fuzz)"; exit 2; }
 mkdir -p fuzz/findings
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 status=0
 for t in "${targets[@]}"; do
   exe="build-fuzz/fuzz_$t"
-  [[ -x "$exe" ]] || { echo "fuzz: $exe is missing (make build-fuzz)"; exit 2; }
   mkdir -p "$tmp/$t" "fuzz/corpus/$t"
   cp -r "fuzz/corpus/$t/." "$tmp/$t/" 2>/dev/null || true
   seeds=()
