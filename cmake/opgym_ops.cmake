@@ -138,8 +138,10 @@ function(opgym_op_files out kind)
   set(${out} "${v}" PARENT_SCOPE)
 endfunction()
 
-# A libFuzzer executable fuzz_<x> for each <x>_fuzz.cpp (linked with opgym_cases).
+# A libFuzzer executable fuzz_<x> for each <x>_fuzz.cpp (linked with opgym_cases); their names, one a
+# line, in <build>/fuzz_targets.txt (what scripts/fuzz.sh runs).
 function(opgym_add_fuzz_targets)
+  set(names)
   foreach(source IN LISTS ARGN)
     get_filename_component(stem "${source}" NAME_WE)
     if(NOT stem MATCHES "^(.+)_fuzz$")
@@ -151,7 +153,10 @@ function(opgym_add_fuzz_targets)
     target_compile_options(${name} PRIVATE -fsanitize=fuzzer)
     target_link_options(${name} PRIVATE -fsanitize=fuzzer)
     target_link_libraries(${name} PRIVATE opgym_cases)
+    list(APPEND names "${CMAKE_MATCH_1}")
   endforeach()
+  list(JOIN names "\n" text)
+  file(WRITE "${CMAKE_BINARY_DIR}/fuzz_targets.txt" "${text}\n")
 endfunction()
 
 # The precision runner's table (src/cases/runner_table.cpp.in -> <build>/generated/runner_table.cpp):
