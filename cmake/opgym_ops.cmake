@@ -12,7 +12,7 @@
 #   SOURCES     files...          the front, the golden, ... (compiled into libopgym)
 #   KERNELS     files...          per-ISA kernel files, named *_scalar.cpp, *_avx2.cpp, *_avx512.cpp:
 #                                 each gets its instruction set's compile options (below)
-#   CUDA        files...          .cu files (nvcc), built when the CUDA backend is
+#   CUDA        files...          .cu files (nvcc), built when the CUDA backend is on
 #   CASES       files...          the case runner(s) (src/ops/<op>/cases.cpp)
 #   RUNNERS     name function ... the runner names a case file may carry (its op_name, or the prefix
 #                                 of its file name / case ids) and the C++ function serving each:
@@ -21,7 +21,8 @@
 #   TESTS       files...          GoogleTest sources (opgym_tests)
 #   CUDA_TESTS  files...          GoogleTest sources needing the CUDA runtime (opgym_cuda_tests)
 #   BENCH       files...          Google Benchmark sources (opgym_bench)
-#   FUZZ        files...          libFuzzer targets, each <x>_fuzz.cpp -> fuzz_<x> (OPGYM_FUZZ=ON)
+#   FUZZ        files...          libFuzzer targets, each <x>_fuzz.cpp -> fuzz_<x> (OPGYM_FUZZ=ON;
+#                                 listed in <build>/fuzz_targets.txt, which scripts/fuzz.sh runs)
 #   TORCH       files...          the torch binding (CPU, Meta, Autograd kernels; schemas with
 #                                 TORCH_LIBRARY_FRAGMENT), paths relative to python/opgym/ops/<name>/
 #   TORCH_CUDA  files...          its CUDA kernels' binding, same folder
