@@ -37,7 +37,7 @@ elseif(NOT _opgym_cuda_mode STREQUAL "off")
     message(STATUS "opgym: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES})")
 
     add_library(opgym_cuda OBJECT src/ops/rms_norm/rms_norm.cu src/ops/add_rms_norm/add_rms_norm.cu
-      src/ops/rotary/rotary.cu src/ops/swiglu/swiglu.cu)
+      src/ops/rotary/rotary.cu src/ops/swiglu/swiglu.cu src/ops/attention/attn_softmax.cu)
     set_target_properties(opgym_cuda PROPERTIES
       CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON POSITION_INDEPENDENT_CODE ON)
     target_include_directories(opgym_cuda PRIVATE

@@ -15,6 +15,7 @@ cases::CaseResult run_add_rms_norm_case(const cases::Case&, const cases::CaseFil
 cases::CaseResult run_rotary_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
 cases::CaseResult run_swiglu_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
 cases::CaseResult run_swiglu_mlp_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
+cases::CaseResult run_attn_softmax_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
 }  // namespace opgym
 
 namespace opgym::cases {
@@ -32,6 +33,7 @@ constexpr Entry kRunners[] = {
     {"mrope", run_rotary_case},  // PyPTO-Gym's name for its MRoPE case files
     {"swiglu_mlp", run_swiglu_mlp_case},  // before "swiglu": resolve_op takes the first prefix that matches
     {"swiglu", run_swiglu_case},
+    {"attn_softmax", run_attn_softmax_case},
 };
 
 std::string fmt(const char* f, double v) {
