@@ -90,8 +90,7 @@ const int kRegistered = [] {
   for (const Shape& s : kShapes) {
     for (DType t : {DType::bfloat16, DType::float32}) {
       if (t == DType::float32 && s.sq * s.sk > 300 * 1024) continue;  // fp32 at the smaller shapes only
-      for (int th : {1, all}) {
-        if (th == all && all == 1) continue;
+      for (int th : all > 1 ? std::vector<int>{1, all} : std::vector<int>{1}) {
         const std::string suffix =
             std::string(s.name) + "_" + opgym::dtype_name(t) + "/threads:" + std::to_string(th);
         benchmark::RegisterBenchmark(("attn_softmax_copy/" + suffix).c_str(), copy_bench, s, t, th)->UseRealTime();

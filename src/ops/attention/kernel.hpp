@@ -32,21 +32,27 @@ struct AttnSoftmaxJob {
       so += i * s_lead[d], mo += i * m_lead[d], oo += i * o_lead[d];
     }
   }
+  // The segment of position p (cu[i] <= p < cu[i + 1]; empty segments skipped), and its columns [c, c + len).
+  int64_t segment(int64_t p) const {
+    int64_t lo = 0, hi = segments - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (cu[mid] <= p) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
+  }
+  void segment_span(int64_t i, int64_t& c, int64_t& len) const {
+    len = cu[i + 1] - cu[i];
+    c = block_diagonal ? cu[i] : 0;
+  }
   // Row r's scores: columns [c, c + len) (the whole row without segments).
   void row_span(int64_t r, int64_t& c, int64_t& len) const {
     if (!cu) {
       c = 0, len = dim;
       return;
     }
-    const int64_t p = r % period;
-    int64_t lo = 0, hi = segments - 1;  // the segment i with cu[i] <= p < cu[i + 1] (empty ones skipped)
-    while (lo < hi) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      if (cu[mid] <= p) lo = mid;
-      else hi = mid - 1;
-    }
-    len = cu[lo + 1] - cu[lo];
-    c = block_diagonal ? cu[lo] : 0;
+    segment_span(segment(r % period), c, len);
   }
 };
 

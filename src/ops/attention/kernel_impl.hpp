@@ -66,18 +66,38 @@ void attn_softmax_row(const detail::AttnSoftmaxJob& job, const typename T::stora
 template <class S, class K, class T>
 void rows_typed(const detail::AttnSoftmaxJob& job, int64_t begin, int64_t end, float* x) {
   using P = typename T::storage;
-  for (int64_t r = begin; r < end; ++r) {
-    int64_t so, mo, oo, c, len;
+  const int in = job.lead_rank - 1;  // the innermost leading dim (none for a single row)
+  for (int64_t r = begin; r < end;) {
+    // A run of rows along the innermost leading dim: offsets by addition, the segment by advancing.
+    int64_t so, mo, oo;
     job.row_offsets(r, so, mo, oo);
-    job.row_span(r, c, len);
+    const int64_t inner = in >= 0 ? job.lead_shape[in] : 1;
+    const int64_t run = std::min<int64_t>(end - r, inner - (in >= 0 ? r % inner : 0));
+    const int64_t ds = in >= 0 ? job.s_lead[in] : 0, dm = in >= 0 ? job.m_lead[in] : 0, d_o = in >= 0 ? job.o_lead[in] : 0;
+    int64_t p = 0, seg = 0, c = 0, len = job.dim;
+    if (job.cu) {
+      p = r % job.period;
+      seg = job.segment(p);
+      job.segment_span(seg, c, len);
+    }
     const P* s = reinterpret_cast<const P*>(job.scores) + so;
     const P* m = job.mask ? reinterpret_cast<const P*>(job.mask) + mo : nullptr;
     P* o = reinterpret_cast<P*>(job.out) + oo;
-    attn_softmax_row<S, K, T>(job, s + c, m ? m + c : nullptr, o + c, len, x);
-    if (len < job.dim) {  // segments: the columns outside this row's own (0 in every dtype is all-zero bits)
-      std::memset(o, 0, static_cast<size_t>(c) * sizeof(P));
-      std::memset(o + c + len, 0, static_cast<size_t>(job.dim - c - len) * sizeof(P));
+    for (int64_t k = 0; k < run; ++k, s += ds, o += d_o) {
+      if (job.cu) {
+        if (k > 0 && ++p == job.cu[seg + 1]) {  // the next non-empty segment (a run stays inside one [P, W])
+          while (job.cu[seg + 1] <= p) ++seg;
+          job.segment_span(seg, c, len);
+        }
+      }
+      attn_softmax_row<S, K, T>(job, s + c, m ? m + c : nullptr, o + c, len, x);
+      if (len < job.dim) {  // segments: the columns outside this row's own (0 in every dtype is all-zero bits)
+        std::memset(o, 0, static_cast<size_t>(c) * sizeof(P));
+        std::memset(o + c + len, 0, static_cast<size_t>(job.dim - c - len) * sizeof(P));
+      }
+      if (m) m += dm;
     }
+    r += run;
   }
 }
 
