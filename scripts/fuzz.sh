@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-10}"
 MODE="${2:-run}"
-targets=(case_file rms_norm add_rms_norm rotary swiglu)
+targets=(case_file rms_norm add_rms_norm rotary swiglu attn_softmax)
 mkdir -p fuzz/findings
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
