@@ -3,7 +3,13 @@
 torch.profiler reports wall time per op; on a shared 2-vCPU machine with load 15 that is mostly time
 spent descheduled. Here a TorchDispatchMode charges each dispatched op the *thread CPU time* it used
 (time.thread_time around the call) with torch at ONE intra-op thread, so each op's figure is the CPU work
-it did (SMT sharing still inflates it somewhat). Ops are what reaches the dispatcher below autograd:
+it did (SMT sharing still inflates it somewhat).
+
+One distortion is removed: the tensors a dispatch mode sees have requires_grad=False, and for such a
+weight torch's matmul does not fold the lm_head's [1, 1, 2048] input sliced from [1, T, 2048] (strides
+(T*2048, 2048, 1)) and runs a batched path that copies the transposed 151936 x 2048 weight (~10 s
+at one thread here; HF's own Parameter weight folds, ~60 ms). So during profiling lm_head gets its
+input reshaped to 2-D (same bits, checked), the path HF's eager run takes. Ops are what reaches the dispatcher below autograd:
 aten ops after composite decomposition (aten::linear shows as addmm/mm) and opgym's operators.
 
 Embedded Qwen2.5-VL-3B (4+4 layers, 448x448 page, bf16); sides: HF eager, opgym patched; attention eager
@@ -20,8 +26,11 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-GEMM = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution", "aten.mkldnn_convolution")
-ATTN = ("aten._scaled_dot_product_flash_attention_for_cpu",)
+# What reaches the mode here (inference_mode): aten.linear / aten.matmul / aten.conv3d / the SDPA op
+# themselves, not their decompositions.
+GEMM = ("aten.linear", "aten.matmul", "aten.conv3d", "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm",
+        "aten.convolution", "aten.mkldnn_convolution")
+ATTN = ("aten.scaled_dot_product_attention", "aten._scaled_dot_product_flash_attention_for_cpu")
 
 
 class CpuTimer(TorchDispatchMode):
@@ -50,6 +59,9 @@ def main():
     cfg = M.qwen2_5_vl_3b_config(text_layers=4, vision_blocks=4)
     model = M.build_model(cfg, attn_implementation="eager")
     inputs = M.make_inputs(cfg, image=M.synthetic_page(448, 448))
+    head = model.lm_head
+    head.forward = lambda x, _h=head: torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), _h.weight).reshape(
+        *x.shape[:-1], -1)
     out = {}
     with torch.inference_mode():
         for attn in ("eager", "sdpa"):

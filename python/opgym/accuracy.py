@@ -177,6 +177,7 @@ class Side:
     off: Callable[[], None] = lambda: None
     logits: torch.Tensor | None = None
     tokens: list | None = None
+    forced: list | None = None
     wall_ms: list = field(default_factory=list)
     cpu_ms: list = field(default_factory=list)
 
@@ -225,23 +226,59 @@ def compiled_side(model, name: str = "HF torch.compile", opgym_patch: bool = Fal
 
 
 # ---------------------------------------------------------------------------------- the run
+def margins_ulp(scores, dtype) -> list:
+    """Per generated step, the reference's top-1 minus top-2 logit in ulps of the logits' own dtype
+    (generate hands out fp32 copies of them; the cast back is exact): how close each greedy choice was
+    to a tie (1 = adjacent values)."""
+    out = []
+    for sc in scores:
+        top = sc[0].to(dtype).topk(2)
+        a, b = top.values[0:1], top.values[1:2]
+        out.append(int(ulp_distance(a, b)[0]))
+    return out
+
+
+def teacher_forced_argmax(model, inputs: dict, tokens: list) -> list:
+    """Argmax of the next-token logits at each of the len(tokens) continuation steps, with `tokens` (a
+    greedy continuation, normally the reference's) fed as the input instead of the side's own: the
+    per-step error without compounding. One full forward over prompt + tokens[:-1] (use_cache=False)."""
+    if not tokens:
+        return []
+    n = inputs["input_ids"].shape[1]
+    ids = torch.cat([inputs["input_ids"], torch.tensor([tokens[:-1]], dtype=inputs["input_ids"].dtype)], 1)
+    kw = dict(inputs, input_ids=ids, attention_mask=torch.ones_like(ids))
+    logits = model(**kw, use_cache=False, logits_to_keep=len(tokens)).logits
+    assert logits.shape[1] == len(tokens), logits.shape
+    del n
+    return logits[0].argmax(-1).tolist()
+
+
 def evaluate(model, inputs: dict, sides: list, n_tokens: int = 64, repeats: int = 5,
              log: Callable[[str], None] = lambda s: None) -> dict:
-    """The table for every side against sides[0] (the reference, normally HF eager)."""
+    """The table for every side against sides[0] (the reference, normally HF eager). repeats=0: no timing."""
     gen = dict(max_new_tokens=n_tokens, min_new_tokens=n_tokens, do_sample=False, num_beams=1)
     n_prompt = inputs["input_ids"].shape[1]
+    ref_margins = None
 
     def prefill():
         return model(**inputs, use_cache=True, logits_to_keep=1)
 
     with torch.inference_mode():
-        for s in sides:
-            log(f"{s.name}: full-logits forward, {n_tokens} greedy tokens, one warm-up prefill")
+        for i, s in enumerate(sides):
+            log(f"{s.name}: full-logits forward, {n_tokens} greedy tokens, teacher-forced forward, warm-up prefill")
             s.on()
             try:
                 s.logits = model(**inputs, use_cache=False).logits.detach().clone()
-                s.tokens = model.generate(**inputs, **gen)[0, n_prompt:].tolist() if n_tokens else []
-                prefill()
+                if n_tokens:
+                    g = model.generate(**inputs, **gen, output_scores=True, return_dict_in_generate=True)
+                    s.tokens = g.sequences[0, n_prompt:].tolist()
+                    if i == 0:
+                        ref_margins = margins_ulp(g.scores, s.logits.dtype)
+                    s.forced = teacher_forced_argmax(model, inputs, sides[0].tokens)
+                else:
+                    s.tokens, s.forced = [], []
+                if repeats:
+                    prefill()
             finally:
                 s.off()
         for r in range(repeats):
@@ -256,32 +293,50 @@ def evaluate(model, inputs: dict, sides: list, n_tokens: int = 64, repeats: int 
                 finally:
                     s.off()
     ref = sides[0]
-    rw, rc = statistics.median(ref.wall_ms), statistics.median(ref.cpu_ms)
+    rw = statistics.median(ref.wall_ms) if repeats else None
+    rc = statistics.median(ref.cpu_ms) if repeats else None
     rows = []
     for s in sides:
-        w, c = statistics.median(s.wall_ms), statistics.median(s.cpu_ms)
-        rows.append({"side": s.name, "logits": error_table(ref.logits, s.logits),
-                     "tokens": token_agreement(ref.tokens, s.tokens),
-                     "prefill_wall_ms": w, "prefill_cpu_ms": c, "wall_ratio": w / rw, "cpu_ratio": c / rc,
+        w = statistics.median(s.wall_ms) if repeats else None
+        c = statistics.median(s.cpu_ms) if repeats else None
+        tk = token_agreement(ref.tokens, s.tokens)
+        if tk["first_divergence"] is not None and ref_margins and tk["first_divergence"] < len(ref_margins):
+            tk["ref_margin_ulp_at_divergence"] = ref_margins[tk["first_divergence"]]
+        tf = sum(int(x == y) for x, y in zip(s.forced, ref.tokens))
+        rows.append({"side": s.name, "logits": error_table(ref.logits, s.logits), "tokens": tk,
+                     "teacher_forced_agree": tf, "teacher_forced_n": len(ref.tokens),
+                     "prefill_wall_ms": w, "prefill_cpu_ms": c,
+                     "wall_ratio": w / rw if repeats else None, "cpu_ratio": c / rc if repeats else None,
                      "prefill_wall_ms_all": s.wall_ms, "prefill_cpu_ms_all": s.cpu_ms})
-    return {"reference": ref.name, "prompt_tokens": n_prompt, "repeats": repeats, "rows": rows}
+    return {"reference": ref.name, "prompt_tokens": n_prompt, "repeats": repeats, "rows": rows,
+            "ref_margins_ulp": ref_margins}
 
 
 def markdown(result: dict) -> str:
     """The table as markdown: one row per side."""
     names = [b for b in result["rows"][0]["logits"]["ulp_buckets"]]
-    head = ("| side | prefill wall ms (x ref) | prefill CPU ms (x ref) | logits differing | "
-            + " | ".join(f"{b} ulp" for b in names)
-            + " | max ulp | max abs diff | argmax agree | greedy tokens equal | first divergence |")
+    timed = result["repeats"] > 0
+    head = ("| side | " + ("prefill wall ms (x ref) | prefill CPU ms (x ref) | " if timed else "")
+            + "logits differing | " + " | ".join(f"{b} ulp" for b in names)
+            + " | max abs diff | argmax agree | greedy equal | first divergence (ref margin, ulp) "
+              "| teacher-forced top-1 agree |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in result["rows"]:
         lg, tk = r["logits"], r["tokens"]
+        fd = tk["first_divergence"]
+        fd_s = "-" if fd is None else (f"{fd} ({tk['ref_margin_ulp_at_divergence']})"
+                                       if "ref_margin_ulp_at_divergence" in tk else f"{fd}")
+        t = (f"{r['prefill_wall_ms']:.0f} ({r['wall_ratio']:.3f}) | {r['prefill_cpu_ms']:.0f} ({r['cpu_ratio']:.3f}) | "
+             if timed else "")
         lines.append(
-            f"| {r['side']} | {r['prefill_wall_ms']:.0f} ({r['wall_ratio']:.3f}) | {r['prefill_cpu_ms']:.0f} "
-            f"({r['cpu_ratio']:.3f}) | {lg['differ']:,} ({100 * lg['differ_share']:.1f}%) | "
+            f"| {r['side']} | {t}{lg['differ']:,} ({100 * lg['differ_share']:.1f}%) | "
             + " | ".join(f"{lg['ulp_buckets'][b]:,}" for b in names)
-            + f" | {lg['ulp_max']} | {lg['max_abs_diff']:.3g} | {lg['argmax_agree']}/{lg['positions']} | "
-              f"{tk['equal']}/{tk['n']} | {tk['first_divergence'] if tk['first_divergence'] is not None else '-'} |")
+            + f" | {lg['max_abs_diff']:.3g} | {lg['argmax_agree']}/{lg['positions']} | {tk['equal']}/{tk['n']} | "
+              f"{fd_s} | {r['teacher_forced_agree']}/{r['teacher_forced_n']} |")
+    m = result.get("ref_margins_ulp")
+    if m:
+        lines.append(f"\nreference top-1 margins over the {len(m)} greedy steps (ulps): min {min(m)}, "
+                     f"steps within 2 ulps: {sum(1 for x in m if x <= 2)}, within 8: {sum(1 for x in m if x <= 8)}")
     return "\n".join(lines)
 
 
