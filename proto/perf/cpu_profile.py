@@ -89,7 +89,7 @@ def main():
                 per = {k: statistics.median(ms.get(k, 0.0) for _, ms, _ in rs) for k in keys}
                 calls = rs[0][2]
                 gemm = sum(v for k, v in per.items() if k in GEMM)
-                conv = sum(v for k, v in per.items() if "convolution" in k)
+                conv = sum(v for k, v in per.items() if "conv" in k)
                 attn_k = sum(v for k, v in per.items() if k in ATTN)
                 ops = sum(per.values())
                 out[f"{attn}/{side}"] = {"total_ms": total, "ops_ms": ops, "gemm_ms": gemm, "conv_ms": conv,

@@ -3,7 +3,8 @@
 Captures the real inputs of text decoder layer 0 and vision block 0 (and its attention / MLP) during one
 prefill of the embedded Qwen2.5-VL-3B (448x448 page, bf16), then times, interleaved in one process:
 HF eager, opgym eager, HF compiled, opgym compiled (torch.compile of a call of that module, dynamic=False),
-and checks bits: opgym eager vs HF eager; each compiled side vs HF eager.
+and checks bits: opgym eager vs HF eager; each compiled side vs HF eager. Time: thread CPU time at one
+intra-op thread (default; robust to a loaded machine), else process CPU time.
 
     PYTHONPATH=python python proto/perf/layer_compile.py [--attn eager] [--reps 7]
 """
@@ -18,7 +19,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--attn", default="eager")
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--only", default=None, help="comma-separated target names")
+    p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
+    torch.set_num_threads(a.threads)
     import opgym
     from opgym import models as M
     cfg = M.qwen2_5_vl_3b_config(text_layers=1, vision_blocks=1)
@@ -42,6 +46,8 @@ def main():
 
     with torch.inference_mode():
         for name, mod in targets.items():
+            if a.only and name not in a.only.split(","):
+                continue
             args, kwargs = captured[name]
             kwargs.pop("past_key_values", None)
             kwargs["use_cache"] = False if "use_cache" in kwargs else kwargs.get("use_cache")
@@ -64,10 +70,10 @@ def main():
                     kind, fn = sides[k]
                     h = opgym.patch(model) if kind == "patch" else None
                     try:
-                        t0 = time.process_time()
+                        t0 = time.thread_time() if a.threads == 1 else time.process_time()
                         out = fn()
                         if r:
-                            times[k].append((time.process_time() - t0) * 1e3)
+                            times[k].append(((time.thread_time() if a.threads == 1 else time.process_time()) - t0) * 1e3)
                         else:
                             bits[k] = int((out.view(torch.int16) != ref.view(torch.int16)).sum())
                     finally:

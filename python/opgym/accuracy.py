@@ -353,6 +353,7 @@ SIDE_SPECS = {
     "opgym": ("subs", (), True),
     "opgym+patch_embed_linear+sdpa": ("subs", ("patch_embed_linear", "sdpa"), True),
     "hf_compile+sdpa": ("compile_sdpa", (), False),
+    "opgym_compile": ("compile", (), True),
 }
 
 
