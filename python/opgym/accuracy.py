@@ -8,7 +8,11 @@ eager itself is the side that does nothing). For each side, against the referenc
              logits' own dtype (numerics.ulp_distance), how many differ, max |diff|, argmax agreement
              per position
     tokens   greedy generate of N tokens (do_sample=False, min = max = N): equal count, first
-             divergence (index of the first differing new token, None when all equal)
+             divergence (index of the first differing new token, None when all equal) with the
+             reference's own top-1 margin (ulps) at that step, and teacher-forced top-1 agreement: each
+             side fed the reference's tokens in one forward, its argmax compared step by step (the
+             per-step error without compounding; the reference's own row shows how far its full forward
+             agrees with its incremental decode)
     prefill  one forward over the whole prompt with logits for the last position only (what
              generate's first step does), `repeats` times, the sides interleaved in one process
              (round r runs the sides in order, reversed on odd rounds); wall and process-CPU medians
@@ -22,7 +26,7 @@ Substitutions (`SUBSTITUTIONS`; each returns an undo), the inexact candidates of
                            value to the input dtype first, then multiplies in that dtype)
 and `compiled_side` (torch.compile of model.forward, dynamic=True, as `opgym run --compile`).
 
-`python -m opgym.accuracy [--tokens 64] [--repeats 5] [--sides ...] [--json out.json]` runs the table
+`python -m opgym.accuracy [--tokens 64] [--repeats 5] [--threads N] [--sides ...] [--json out.json]` runs the table
 on the embedded Qwen2.5-VL-3B architecture (4+4 layers, a 448x448 synthetic page, bf16).
 """
 from __future__ import annotations
@@ -244,12 +248,10 @@ def teacher_forced_argmax(model, inputs: dict, tokens: list) -> list:
     per-step error without compounding. One full forward over prompt + tokens[:-1] (use_cache=False)."""
     if not tokens:
         return []
-    n = inputs["input_ids"].shape[1]
     ids = torch.cat([inputs["input_ids"], torch.tensor([tokens[:-1]], dtype=inputs["input_ids"].dtype)], 1)
     kw = dict(inputs, input_ids=ids, attention_mask=torch.ones_like(ids))
     logits = model(**kw, use_cache=False, logits_to_keep=len(tokens)).logits
     assert logits.shape[1] == len(tokens), logits.shape
-    del n
     return logits[0].argmax(-1).tolist()
 
 
