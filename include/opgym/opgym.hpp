@@ -6,6 +6,7 @@
 #include "opgym/dtype.hpp"
 #include "opgym/error.hpp"
 #include "opgym/parallel.hpp"
+#include "opgym/patch_embed.hpp"
 #include "opgym/rms_norm.hpp"
 #include "opgym/rotary.hpp"
 #include "opgym/swiglu.hpp"

@@ -1,0 +1,303 @@
+"""Vision patch embeddings in HF models (opgym.patch's op "patch_embed"; switch OPGYM_PATCH_EMBED): the
+`proj` Conv3d of a module whose forward is, statement for statement, the one opgym verified (`FINGERPRINTS`:
+transformers 5.23's Qwen2_5_VisionPatchEmbed, whose body Qwen2-VL, Qwen2.5-Omni, Qwen3-VL(-MoE), Qwen3.5(-MoE),
+Qwen3-Omni-MoE, GLM-4V(-MoE), GLM-OCR, Glm5Next, Exaone4.5, CohereCompass, MiniMax-M3-VL, Qwen4Exp share),
+`proj` a plain nn.Conv3d with kernel == stride, no padding, dilation 1, one group, zero padding mode, and
+the module's channel/patch attributes; no hooks. Anything else is left alone and listed in handle.skipped.
+
+Admission is by bits, per call signature: oneDNN picks its convolution kernel - and so its reduction order
+- by the number of patches P (on an AMX CPU the bf16 conv runs an AMX kernel from P = 12 and a VDPBF16PS
+chain below), so a verdict is kept per (dtype, P, threads, bias or not, the weight as packed). The first
+call of a new signature runs HF's own conv on its input (that call's result is HF's) and compares it, bit
+for bit, with each form the op has for the dtype (bf16: amx_tile, dot_pairs, fma_chain; fp32/fp16:
+fma_chain). The probe must tell the forms apart: when the call's own input leaves more than one form (or
+also F.linear, the obvious wrong order) equal to the conv - small P, few outputs, most roundings agree - a
+second input of the same P, built so that every rounding shows (large terms that cancel, on a synthetic
+weight of the module's shape, dtype and strides, through the module's own Conv3d), decides; a form is
+admitted only when it alone gives the conv's bits. No form (bf16 on a CPU without AVX-512, where torch
+runs ATen's slow_conv3d; fp16 without AVX512-FP16; anything unexpected): HF's conv for that signature, with
+the reason counted. Verdicts are forgotten when the weight changes (its data pointer, dtype, shape or
+version counter: an in-place update under no_grad bumps it; `.data.copy_()` does not, as for every op).
+
+At call time the packed weight of the admitted form (patch_embed_pack, cached per weight) and
+torch.ops.opgym.patch_embed serve the call; a gradient needed, torch.compile (the probe runs eagerly: a
+trace calls HF's conv), the switch off or any error: HF's own forward, counted with the reason.
+"""
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from ...guard import FUSED_DTYPES, fingerprint, guarded, has_hooks, tensor_reason, wrappers
+from . import SPEC
+
+ENV_SWITCH = SPEC.switch
+
+FINGERPRINTS = {
+    # transformers 5.23: Qwen2_5_VisionPatchEmbed.forward (view to [-1, C, T, p, p], .to(weight dtype), proj,
+    # view(-1, embed_dim)), shared by 15 classes (the module docstring)
+    "7242792135da3e14": "conv3d patch rows",
+}
+MAX_VERDICTS = 256  # signatures remembered per module (oldest forgotten first)
+
+
+def forms_for(dtype: torch.dtype) -> tuple:
+    return ("amx_tile", "dot_pairs", "fma_chain") if dtype == torch.bfloat16 else ("fma_chain",)
+
+
+def embed_kind(cls: type, cache: dict) -> str | None:
+    if cls not in cache:
+        kind = FINGERPRINTS.get(fingerprint(cls.forward) or "")
+        cache[cls] = kind if kind and not wrappers(cls.forward) else None
+    return cache[cls]
+
+
+def _triple(v):
+    return tuple(v) if isinstance(v, (list, tuple)) else (v, v, v)
+
+
+def _verdict(m: nn.Module) -> str | None:
+    """Why opgym cannot serve this patch embedding, or None."""
+    proj = getattr(m, "proj", None)
+    if type(proj) is not nn.Conv3d:
+        return "proj is not a plain nn.Conv3d"
+    try:
+        C, T, p, E = int(m.in_channels), int(m.temporal_patch_size), int(m.patch_size), int(m.embed_dim)
+    except (AttributeError, TypeError, ValueError):
+        return "in_channels / temporal_patch_size / patch_size / embed_dim are not integers"
+    if tuple(proj.kernel_size) != (T, p, p) or tuple(proj.stride) != (T, p, p):
+        return f"proj's kernel {tuple(proj.kernel_size)} / stride {tuple(proj.stride)} are not ({T}, {p}, {p})"
+    if (proj.padding != (0, 0, 0) and proj.padding != "valid") or tuple(proj.dilation) != (1, 1, 1) \
+            or proj.groups != 1 or proj.padding_mode != "zeros":
+        return "proj has padding, dilation or groups"
+    if proj.in_channels != C or proj.out_channels != E:
+        return f"proj is {proj.in_channels} -> {proj.out_channels}, the module says {C} -> {E}"
+    if has_hooks(m) or has_hooks(proj):
+        return "a hook or an instance forward on the module or its proj"
+    w, b = proj.weight, proj.bias
+    if w.is_meta:
+        return "weights on the meta device"
+    if w.dtype not in FUSED_DTYPES or (b is not None and b.dtype != w.dtype):
+        return f"dtype {w.dtype} not supported"
+    if w.device.type != "cpu" or (b is not None and b.device != w.device):
+        return "weights not on the CPU (the op reproduces the CPU convolution)"
+    return None
+
+
+def _ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Outputs whose bits differ (NaN == NaN, whatever the payload)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.numel(), b.numel())
+    it = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    differ = a.view(it) != b.view(it)
+    return int((differ & ~(torch.isnan(a) & torch.isnan(b))).sum())
+
+
+class _State:
+    """One patch embedding's packed weights (per form) and verdicts (per signature)."""
+
+    def __init__(self, module: nn.Module):
+        self.module, self.proj = module, module.proj
+        self.lock = threading.Lock()
+        self.wkey = None
+        self.packed: dict = {}
+        self.verdicts: OrderedDict = OrderedDict()  # signature -> form or None
+        self.why: dict = {}                          # signature -> how the probe decided
+        self.local = threading.local()               # the signature whose probe the fallback owes
+
+    def __deepcopy__(self, memo):
+        # A deep copy of the model (PatchedForward) gets a state of its own: the copy's module, nothing cached.
+        return _State(copy.deepcopy(self.module, memo))
+
+    def weight_key(self) -> tuple:
+        w = self.proj.weight
+        return (w.data_ptr(), w.dtype, tuple(w.shape), tuple(w.stride()), w._version)
+
+    def _sync(self) -> None:
+        key = self.weight_key()
+        if key != self.wkey:  # a new or changed weight: pack again, probe again
+            self.wkey, self.packed = key, {}
+            self.verdicts.clear()
+            self.why.clear()
+
+    def signature(self, x_dtype: torch.dtype, P: int) -> tuple:
+        return (x_dtype, P, torch.get_num_threads(), self.proj.bias is not None)
+
+    def verdict(self, sig: tuple):
+        """(known, form) for a signature, the weight checked first."""
+        with self.lock:
+            self._sync()
+            if sig in self.verdicts:
+                return True, self.verdicts[sig]
+            return False, None
+
+    def pack(self, form: str) -> torch.Tensor:
+        with self.lock:
+            self._sync()
+            p = self.packed.get(form)
+            if p is None:
+                with torch.no_grad():
+                    p = torch.ops.opgym.patch_embed_pack(self.proj.weight.detach(), form, -1)
+                self.packed[form] = p
+            return p
+
+    def run(self, x: torch.Tensor, form: str, packed: torch.Tensor | None = None, weight=None, bias=None):
+        proj = self.proj
+        if packed is None:
+            packed = self.pack(form)
+        b = proj.bias if weight is None else bias
+        return torch.ops.opgym.patch_embed(x, packed, proj.out_channels, None if b is None else b.detach())
+
+    # ---- the probe ------------------------------------------------------------------------------
+
+    def probe(self, sig: tuple, x: torch.Tensor, ref: torch.Tensor) -> None:
+        """Decides the signature's form from HF's own result `ref` on the call's input x (rows [P, C, T, p, p]
+        in the weight's dtype), with a second, discriminating input where x cannot tell the forms apart."""
+        with torch.no_grad():
+            cands = forms_for(x.dtype)
+            P = x.shape[0]
+            call = {f: _ndiff(self.run(x, f), ref) for f in cands}
+            matches = [f for f in cands if call[f] == 0]
+            w, b = self.proj.weight, self.proj.bias
+            lin = _ndiff(F.linear(x.reshape(P, -1), w.detach().reshape(w.shape[0], -1),
+                                  None if b is None else b.detach()), ref)
+            desc = ", ".join(f"{f} {n}" for f, n in call.items()) + f", F.linear {lin} of {ref.numel()} differ"
+            if not matches:
+                form, why = None, f"no form gives the conv's bits on the call's input ({desc})"
+            elif len(matches) == 1 and lin > 0:
+                form, why = matches[0], f"the call's input tells the forms apart ({desc})"
+            else:
+                form, why = self._discriminate(x, matches, desc)
+        with self.lock:
+            self._sync()
+            self.verdicts[sig] = form
+            self.why[sig] = why
+            while len(self.verdicts) > MAX_VERDICTS:
+                old, _ = self.verdicts.popitem(last=False)
+                self.why.pop(old, None)
+
+    def _discriminate(self, x: torch.Tensor, matches: list, desc: str):
+        """A second input of x's shape and strides whose partial sums cancel, on a synthetic weight of the
+        module's shape, dtype and strides, through the module's own Conv3d: each form then differs from the
+        others on most outputs, so exactly one may match."""
+        proj, w, b = self.proj, self.proj.weight, self.proj.bias
+        P, C = x.shape[0], x.shape[1]
+        npos = x[0, 0].numel()
+        g = torch.Generator().manual_seed(20251)
+        xs = torch.randn(P, C, npos, generator=g) * torch.exp2(torch.randint(-6, 7, (P, C, npos), generator=g).float())
+        ws = torch.randn(w.shape[0], C, npos, generator=g) * torch.exp2(
+            torch.randint(-6, 7, (w.shape[0], C, npos), generator=g).float())
+        big = 1024.0 * (1 + torch.arange(P * C).reshape(P, C) % 5).float()
+        xs[:, :, 0], xs[:, :, -1] = big, big
+        wb = 8.0 * (1 + 0.37 * torch.arange(C).float())
+        ws[:, :, 0], ws[:, :, -1] = wb, -wb
+        xt = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)
+        xt.copy_(xs.reshape(x.shape))
+        wt = torch.empty_strided(w.shape, w.stride(), dtype=w.dtype)
+        wt.copy_(ws.reshape(w.shape))
+        bt = None if b is None else (torch.randn(b.shape, generator=g) * 4).to(b.dtype)
+        ref = proj._conv_forward(xt, wt, bt).reshape(P, -1)
+        res = {}
+        for f in matches:
+            packed = torch.ops.opgym.patch_embed_pack(wt, f, -1)
+            res[f] = _ndiff(self.run(xt, f, packed, wt, bt), ref)
+        lin = _ndiff(F.linear(xt.reshape(P, -1), wt.reshape(w.shape[0], -1), bt), ref)
+        d2 = ", ".join(f"{f} {n}" for f, n in res.items()) + f", F.linear {lin} of {ref.numel()} differ"
+        exact = [f for f, n in res.items() if n == 0]
+        if len(exact) == 1 and lin > 0 and all(n > 0 for f, n in res.items() if f != exact[0]):
+            return exact[0], f"a cancelling probe input tells the forms apart ({d2}; the call's input: {desc})"
+        return None, f"the probe could not single out one form ({d2}; the call's input: {desc})"
+
+
+def _short(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _make_forward(module: nn.Module, counters, devices, notes: dict):
+    hf_forward = type(module).forward.__get__(module)
+    state = _State(module)
+    C, T, p, E = int(module.in_channels), int(module.temporal_patch_size), int(module.patch_size), int(module.embed_dim)
+    proj = module.proj
+
+    def rows(hidden_states):
+        return hidden_states.view(-1, C, T, p, p).to(dtype=proj.weight.dtype)
+
+    def check(hidden_states) -> str | None:
+        reason = tensor_reason("patch_embed", (hidden_states, proj.weight), devices)
+        if reason is not None:
+            return reason
+        if torch.compiler.is_compiling():
+            return "torch.compile: HF's conv is traced (the op's probe runs eagerly)"
+        if hidden_states.numel() % (C * T * p * p) != 0:
+            return "input is not whole patch rows"
+        P = hidden_states.numel() // (C * T * p * p)
+        sig = state.signature(proj.weight.dtype, P)
+        known, form = state.verdict(sig)
+        if not known:
+            state.local.pending = (sig, hidden_states)
+            return f"probe: the first call at {_short(sig[0])} P={P} ({sig[2]} threads) runs HF's conv and compares"
+        if form is None:
+            return f"no exact form at {_short(sig[0])} P={P} ({sig[2]} threads): {state.why.get(sig, '')}"
+        return None
+
+    def fused(hidden_states):
+        x = rows(hidden_states)
+        sig = state.signature(x.dtype, x.shape[0])
+        _, form = state.verdict(sig)
+        return state.run(x, form).view(-1, E)
+
+    def fallback(hidden_states):
+        if torch.compiler.is_compiling():
+            return hf_forward(hidden_states)
+        out = hf_forward(hidden_states)
+        pending = getattr(state.local, "pending", None)
+        state.local.pending = None
+        if pending is not None and pending[1] is hidden_states:
+            sig = pending[0]
+            try:
+                state.probe(sig, rows(hidden_states), out.reshape(sig[1], -1))
+                form = state.verdicts.get(sig)
+                notes[f"patch_embed {_short(sig[0])} P{sig[1]} threads{sig[2]}{' bias' if sig[3] else ''}"] = (
+                    f"{form or 'HF conv'}: {state.why.get(sig, '')}")
+            except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
+                with state.lock:
+                    state.verdicts[sig] = None
+                    state.why[sig] = f"the probe failed ({type(e).__name__}: {e})"
+        return out
+
+    return guarded(ENV_SWITCH, counters, fused, fallback, check), state
+
+
+def patch_embeds(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every patch embedding opgym.patch would serve (for opgym.capture)."""
+    kinds: dict = {}
+    return [(n, m) for n, m in model.named_modules() if embed_kind(type(m), kinds) and _verdict(m) is None]
+
+
+def apply(model: nn.Module, handle, devices) -> None:
+    kinds: dict = {}
+    for name, m in model.named_modules():
+        cls = type(m)
+        if embed_kind(cls, kinds) is None:
+            if "PatchEmbed" in cls.__name__ and isinstance(getattr(m, "proj", None), nn.Conv3d):
+                handle.skipped[name] = f"{cls.__name__}: forward not one opgym has verified (patch_embed)"
+            continue
+        if handle.owned_elsewhere(m, "patch_embed"):
+            handle.skipped[name] = "already patched (patch_embed)"
+            continue
+        why = _verdict(m)
+        if why is not None:
+            handle.skipped[name] = f"{cls.__name__}: {why} (patch_embed)"
+            continue
+        forward, _ = _make_forward(m, handle.counters("patch_embed"), devices, handle.notes)
+        handle.replace_forward(m, "patch_embed", name, forward)
+
+
+def sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The patch embeddings opgym.patch would serve."""
+    return patch_embeds(model)
