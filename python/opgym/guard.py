@@ -74,6 +74,12 @@ def summary(per_op: dict) -> dict:
 
 # ---- switches -----------------------------------------------------------------------------------
 
+class SettingError(ValueError):
+    """A user's setting opgym cannot take (an environment variable's value, an argument): raised to the
+    caller, naming the setting and the values it takes. Everything else an integration meets in a model
+    is a reason to leave that module alone, never an error."""
+
+
 def switch_on(env: str) -> bool:
     """A run-time switch: the variable set to 0/false/off/no turns that op's fused path off."""
     return os.environ.get(env, "1").strip().lower() not in ("0", "false", "off", "no")

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from . import _library, ops as _ops_table
-from .guard import Stats, devices_with_kernel, summary
+from .guard import SettingError, Stats, devices_with_kernel, summary
 
 # Every op of the table, in the order they are applied.
 SUPPORTED_OPS = _ops_table.OPS
@@ -227,6 +227,9 @@ def patch(model: nn.Module, ops=None) -> PatchHandle:
                 spec = _ops_table.spec(name)
                 try:
                     _ops_table.part(name, "integration").apply(model, handle, devices_with_kernel(spec.torch_ops[0]))
+                except SettingError:
+                    handle.undo()
+                    raise
                 except Exception as e:  # noqa: BLE001 - a model never raises because of opgym
                     # What the integration replaced before it failed stays patched (and undo restores it).
                     handle.skipped[f"<{name}>"] = f"{name}: patching stopped at an error ({type(e).__name__}: {e})"

@@ -16,7 +16,7 @@
 
 #include "core/cuda_dtypes.cuh"
 #include "opgym/error.hpp"
-#include "opgym/cuda.hpp"
+#include "opgym/rotary.hpp"
 #include "ops/rotary/kernel.hpp"
 
 namespace opgym::cuda {

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from ...guard import FUSED_DTYPES, fingerprint, guarded, wrappers, has_hooks as _has_hooks, tensor_reason
+from ...guard import FUSED_DTYPES, SettingError, fingerprint, guarded, wrappers, has_hooks as _has_hooks, tensor_reason
 from . import SPEC
 
 ENV_SWITCH = SPEC.switch
@@ -97,7 +97,7 @@ def _verdict(mlp: nn.Module) -> str | None:
 def _mode() -> str:
     mode = os.environ.get(ENV_MODE, "auto").strip().lower()
     if mode not in ("auto", "merged", "act"):
-        raise ValueError(f"{ENV_MODE} must be auto, merged or act, got {mode!r}")
+        raise SettingError(f"{ENV_MODE} must be auto, merged or act, got {mode!r}")
     return mode
 
 
