@@ -1,6 +1,7 @@
 // opgym: fused transformer operators with a C++ API that needs no framework.
 #pragma once
 #include "opgym/add_rms_norm.hpp"
+#include "opgym/attn_softmax.hpp"
 #include "opgym/cpu.hpp"
 #include "opgym/dtype.hpp"
 #include "opgym/error.hpp"

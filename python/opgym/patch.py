@@ -29,8 +29,8 @@ from torch import nn
 from . import _library, ops as _ops_table
 from .guard import SettingError, Stats, devices_with_kernel, summary
 
-# Every op of the table, in the order they are applied.
-SUPPORTED_OPS = _ops_table.OPS
+# Every op of the table that has a model integration, in the order they are applied.
+SUPPORTED_OPS = tuple(name for name in _ops_table.OPS if _ops_table.part(name, "integration") is not None)
 
 _GLOBAL: dict[str, Stats] = {name: Stats() for name in SUPPORTED_OPS}
 _LOCK = threading.Lock()

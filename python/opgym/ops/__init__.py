@@ -12,7 +12,7 @@ from types import ModuleType
 
 from .spec import OpSpec
 
-OPS = ("rms_norm", "add_rms_norm", "rotary", "swiglu")
+OPS = ("rms_norm", "add_rms_norm", "rotary", "swiglu", "attn_softmax")
 
 PARTS = ("integration", "capture", "bench")
 

@@ -96,7 +96,7 @@ def _main(args) -> int:
     if args.plot and not args.ablation:
         raise UsageError("--plot is the chart of --ablation; add --ablation")
     opgym = load_opgym()
-    from ..ops import OPS
+    OPS = opgym.SUPPORTED_OPS  # the ops opgym.patch applies (those of the table with a model integration)
 
     if all_ops:
         ops = OPS

@@ -1,0 +1,225 @@
+// opgym::attn_softmax's torch operators (src/ops/attn_softmax): schemas, CPU, Meta and Autograd kernels.
+//
+//   opgym::attn_softmax(Tensor scores, float scale, Tensor? mask=None) -> Tensor
+//   opgym::attn_softmax_(Tensor(a!) scores, float scale, Tensor? mask=None) -> ()              in place
+//       softmax(scores * scale + mask, -1, dtype=float32).to(scores.dtype): HF eager attention's statements
+//       between its two matmuls, with their bits. mask: scores' dtype, broadcastable to scores (HF's
+//       [B, 1, Sq, Sk] over the heads).
+//   opgym::attn_softmax_segments(Tensor scores, float scale, Tensor cu_seqlens, bool block_diagonal=False) -> Tensor
+//   opgym::attn_softmax_segments_(Tensor(a!) scores, ...) -> ()                                in place
+//       scores [..., P, W]: the softmax of each segment's rows over its own columns (vision windows in one
+//       buffer), zeros elsewhere; cu_seqlens: int32 or int64, [segments + 1] from 0 to P (read on the CPU).
+//
+// On the CPU the result is torch's own softmax bit for bit for the build torch runs here
+// (at::get_cpu_capability(): AVX512, AVX2 or DEFAULT; include/opgym/attn_softmax.hpp), whatever OPGYM_CPU_ISA
+// says: the lane order of the sum is torch's build's, not a choice.
+#include <ATen/ATen.h>
+#include <ATen/Version.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "opgym/opgym.hpp"
+#include "csrc/output_cache.hpp"
+#include "csrc/torch_common.hpp"
+
+namespace opgym_torch {
+
+// Checks that need no data (CPU and Meta kernels); the core checks overlap before writing.
+void check_attn_softmax(const at::Tensor& scores, const c10::optional<at::Tensor>& mask, const char* op) {
+  check_tensor_arg(scores, "scores", op);
+  TORCH_CHECK_VALUE(scores.dim() >= 1 && scores.dim() <= opgym::kMaxRank, "opgym::", op, ": scores must have rank 1 to ",
+                    opgym::kMaxRank, ", got ", scores.sym_sizes());
+  if (!mask.has_value()) return;
+  check_tensor_arg(*mask, "mask", op);
+  check_device(*mask, "mask", scores, "scores", op);
+  TORCH_CHECK_VALUE(mask->scalar_type() == scores.scalar_type(), "opgym::", op, ": mask must have scores' dtype ",
+                    scores.scalar_type(), " (HF adds it in that dtype; another would promote), got ", mask->scalar_type());
+  TORCH_CHECK_VALUE(mask->dim() <= scores.dim(), "opgym::", op, ": mask must broadcast to scores ", scores.sym_sizes(),
+                    ", got ", mask->sym_sizes());
+  const int64_t lead = scores.dim() - mask->dim();
+  for (int64_t d = 0; d < mask->dim(); ++d) {
+    const c10::SymInt& m = mask->sym_size(d);
+    OPGYM_SYM_CHECK_VALUE(m.sym_eq(1).sym_or(m.sym_eq(scores.sym_size(lead + d))), "opgym::", op,
+                          ": mask must broadcast to scores ", scores.sym_sizes(), ", got ", mask->sym_sizes());
+  }
+}
+
+void check_segments(const at::Tensor& scores, const at::Tensor& cu, const char* op) {
+  check_tensor_arg(scores, "scores", op);
+  TORCH_CHECK_VALUE(scores.dim() >= 2 && scores.dim() <= opgym::kMaxRank, "opgym::", op,
+                    ": scores must be [..., P, W] (rank 2 to ", opgym::kMaxRank, "), got ", scores.sym_sizes());
+  TORCH_CHECK_VALUE(cu.defined() && cu.dim() == 1 && (cu.scalar_type() == at::kInt || cu.scalar_type() == at::kLong),
+                    "opgym::", op, ": cu_seqlens must be a 1-D int32 or int64 tensor");
+}
+
+opgym::AttnSoftmaxOptions attn_options(double scale) {
+  // The build torch runs (fixed for the process): its softmax's lane order and exp.
+  static const opgym::CpuIsa torch_isa = [] {
+    const std::string c = at::get_cpu_capability();
+    return c == "AVX512" ? opgym::CpuIsa::avx512 : c == "AVX2" ? opgym::CpuIsa::avx2 : opgym::CpuIsa::scalar;
+  }();
+  opgym::AttnSoftmaxOptions o;
+  o.scale = static_cast<float>(scale);  // what torch's mul does with a Python float
+  o.torch_isa = torch_isa;
+  return o;
+}
+
+// The mask as the core takes it: scores' rank (leading size-1 dims added), last dim as scores' and contiguous.
+at::Tensor core_mask(const at::Tensor& scores, const at::Tensor& mask) {
+  std::vector<int64_t> shape(static_cast<size_t>(scores.dim() - mask.dim()), 1);
+  shape.insert(shape.end(), mask.sizes().begin(), mask.sizes().end());
+  at::Tensor m = mask.view(shape);
+  if (m.size(-1) != scores.size(-1) || (m.size(-1) > 1 && m.stride(-1) != 1)) {
+    shape.back() = scores.size(-1);
+    m = m.expand(shape).contiguous();
+  }
+  return m;
+}
+
+void run_attn_softmax(const at::Tensor& scores, const at::Tensor& out, double scale,
+                      const c10::optional<at::Tensor>& mask, const char* op) {
+  opgym::AttnSoftmaxOptions o = attn_options(scale);
+  at::Tensor m;
+  opgym::TensorView mv;
+  if (mask.has_value()) {
+    m = core_mask(scores, *mask);
+    mv = view_of(m);
+    o.mask = &mv;
+  }
+  translate_errors(op, [&] { opgym::attn_softmax(view_of(scores), view_of(out), o, &aten_executor()); });
+}
+
+void run_segments(const at::Tensor& scores, const at::Tensor& out, double scale, const at::Tensor& cu,
+                  bool block_diagonal, const char* op) {
+  TORCH_CHECK_VALUE(cu.device().is_cpu(), "opgym::", op, ": cu_seqlens must be on the CPU (its values are read), got ",
+                    cu.device());
+  const at::Tensor c = cu.to(at::kLong).contiguous();
+  const int64_t n = c.numel();
+  TORCH_CHECK_VALUE(n >= 2, "opgym::", op, ": cu_seqlens must hold at least 2 entries (one segment), got ", n);
+  translate_errors(op, [&] {
+    opgym::attn_softmax_segments(view_of(scores), view_of(out), c.data_ptr<int64_t>(), n - 1, block_diagonal,
+                                 attn_options(scale), &aten_executor());
+  });
+}
+
+}  // namespace opgym_torch
+
+namespace {
+
+using namespace opgym_torch;  // NOLINT(google-build-using-namespace): the shared helpers
+
+// A functional call reads any strided scores (a last dim that is not contiguous is copied first).
+at::Tensor readable(const at::Tensor& scores) {
+  return scores.dim() == 0 || scores.size(-1) <= 1 || scores.stride(-1) == 1 ? scores : scores.contiguous();
+}
+
+at::Tensor attn_softmax_cpu(const at::Tensor& scores, double scale, const c10::optional<at::Tensor>& mask) {
+  check_attn_softmax(scores, mask, "attn_softmax");
+  at::Tensor out = empty_output(scores.sizes(), scores.scalar_type());  // contiguous, as HF's .to() gives it
+  run_attn_softmax(readable(scores), out, scale, mask, "attn_softmax");
+  return out;
+}
+
+void attn_softmax__cpu(const at::Tensor& scores, double scale, const c10::optional<at::Tensor>& mask) {
+  check_attn_softmax(scores, mask, "attn_softmax_");
+  run_attn_softmax(scores, scores, scale, mask, "attn_softmax_");
+}
+
+at::Tensor attn_softmax_meta(const at::Tensor& scores, double, const c10::optional<at::Tensor>& mask) {
+  check_attn_softmax(scores, mask, "attn_softmax");
+  return at::empty_symint(scores.sym_sizes(), scores.options());
+}
+
+void attn_softmax__meta(const at::Tensor& scores, double, const c10::optional<at::Tensor>& mask) {
+  check_attn_softmax(scores, mask, "attn_softmax_");
+}
+
+at::Tensor attn_softmax_segments_cpu(const at::Tensor& scores, double scale, const at::Tensor& cu, bool block_diagonal) {
+  check_segments(scores, cu, "attn_softmax_segments");
+  at::Tensor out = empty_output(scores.sizes(), scores.scalar_type());
+  run_segments(readable(scores), out, scale, cu, block_diagonal, "attn_softmax_segments");
+  return out;
+}
+
+void attn_softmax_segments__cpu(const at::Tensor& scores, double scale, const at::Tensor& cu, bool block_diagonal) {
+  check_segments(scores, cu, "attn_softmax_segments_");
+  run_segments(scores, scores, scale, cu, block_diagonal, "attn_softmax_segments_");
+}
+
+at::Tensor attn_softmax_segments_meta(const at::Tensor& scores, double, const at::Tensor& cu, bool) {
+  check_segments(scores, cu, "attn_softmax_segments");
+  return at::empty_symint(scores.sym_sizes(), scores.options());
+}
+
+void attn_softmax_segments__meta(const at::Tensor& scores, double, const at::Tensor& cu, bool) {
+  check_segments(scores, cu, "attn_softmax_segments_");
+}
+
+constexpr const char* kNoGrad =
+    " has no backward (an inference kernel); call it under torch.no_grad(), or use HF's own attention where "
+    "gradients are needed";
+
+at::Tensor attn_softmax_autograd(c10::DispatchKeySet ks, const at::Tensor& scores, double scale,
+                                 const c10::optional<at::Tensor>& mask) {
+  TORCH_CHECK(!grad_needed({&scores}) && !(mask.has_value() && grad_needed({&*mask})), "opgym::attn_softmax", kNoGrad);
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::attn_softmax", "")
+                             .typed<at::Tensor(const at::Tensor&, double, const c10::optional<at::Tensor>&)>();
+  return op.redispatch(ks & c10::after_autograd_keyset, scores, scale, mask);
+}
+
+at::Tensor attn_softmax_segments_autograd(c10::DispatchKeySet ks, const at::Tensor& scores, double scale,
+                                          const at::Tensor& cu, bool block_diagonal) {
+  TORCH_CHECK(!grad_needed({&scores}), "opgym::attn_softmax_segments", kNoGrad);
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::attn_softmax_segments", "")
+                             .typed<at::Tensor(const at::Tensor&, double, const at::Tensor&, bool)>();
+  return op.redispatch(ks & c10::after_autograd_keyset, scores, scale, cu, block_diagonal);
+}
+
+void attn_softmax__autograd(c10::DispatchKeySet ks, const at::Tensor& scores, double scale,
+                            const c10::optional<at::Tensor>& mask) {
+  TORCH_CHECK(!grad_needed({&scores}) && !(mask.has_value() && grad_needed({&*mask})), "opgym::attn_softmax_", kNoGrad);
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::attn_softmax_", "")
+                             .typed<void(const at::Tensor&, double, const c10::optional<at::Tensor>&)>();
+  op.redispatch(ks & c10::after_autograd_keyset, scores, scale, mask);
+}
+
+void attn_softmax_segments__autograd(c10::DispatchKeySet ks, const at::Tensor& scores, double scale,
+                                     const at::Tensor& cu, bool block_diagonal) {
+  TORCH_CHECK(!grad_needed({&scores}), "opgym::attn_softmax_segments_", kNoGrad);
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::attn_softmax_segments_", "")
+                             .typed<void(const at::Tensor&, double, const at::Tensor&, bool)>();
+  op.redispatch(ks & c10::after_autograd_keyset, scores, scale, cu, block_diagonal);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(opgym, m) {
+  m.def("attn_softmax(Tensor scores, float scale, Tensor? mask=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  // The in-place forms return nothing: torch.compile functionalizes a custom op's mutation only then.
+  m.def("attn_softmax_(Tensor(a!) scores, float scale, Tensor? mask=None) -> ()", {at::Tag::pt2_compliant_tag});
+  m.def("attn_softmax_segments(Tensor scores, float scale, Tensor cu_seqlens, bool block_diagonal=False) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("attn_softmax_segments_(Tensor(a!) scores, float scale, Tensor cu_seqlens, bool block_diagonal=False) -> ()",
+        {at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(opgym, CPU, m) {
+  m.impl("attn_softmax", &attn_softmax_cpu);
+  m.impl("attn_softmax_", &attn_softmax__cpu);
+  m.impl("attn_softmax_segments", &attn_softmax_segments_cpu);
+  m.impl("attn_softmax_segments_", &attn_softmax_segments__cpu);
+}
+TORCH_LIBRARY_IMPL(opgym, Meta, m) {
+  m.impl("attn_softmax", &attn_softmax_meta);
+  m.impl("attn_softmax_", &attn_softmax__meta);
+  m.impl("attn_softmax_segments", &attn_softmax_segments_meta);
+  m.impl("attn_softmax_segments_", &attn_softmax_segments__meta);
+}
+TORCH_LIBRARY_IMPL(opgym, Autograd, m) {
+  m.impl("attn_softmax", &attn_softmax_autograd);
+  m.impl("attn_softmax_", &attn_softmax__autograd);
+  m.impl("attn_softmax_segments", &attn_softmax_segments_autograd);
+  m.impl("attn_softmax_segments_", &attn_softmax_segments__autograd);
+}
