@@ -210,3 +210,25 @@ def test_unverified_helpers_and_forms_are_left_alone(monkeypatch):
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
     found = integration.resolve(ds.DeepseekV3Attention)
     assert sorted(n for n, *_ in found[1]) == ["apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not torch._C._dispatch_has_kernel_for_dispatch_key(
+    "opgym::rotary", "CUDA"), reason="no GPU (or opgym built without CUDA)")
+@pytest.mark.parametrize("dt", DTYPES, ids=str)
+def test_forms_on_cuda_match_the_cpu(dt):
+    """Every pairing x table x rotary dim, functional and in place, on the GPU: the CPU op's bits."""
+    g = torch.Generator().manual_seed(11)
+    q = (torch.randn(2, 37, 8, 64, generator=g) * 3).to(dt).transpose(1, 2)
+    k = (torch.randn(2, 37, 2, 64, generator=g) * 3).to(dt).transpose(1, 2)
+    for pairs, pair_table, width in [("half", False, 64), ("half", False, 32), ("half", True, 32), ("half", True, 16),
+                                     ("interleaved", False, 64), ("interleaved", False, 16), ("interleaved", True, 32),
+                                     ("deinterleave", True, 32), ("deinterleave", True, 8)]:
+        for mode, cdt in (("hf", dt), ("fp32", torch.float32)):
+            cos, sin = (torch.randn(2, 37, width, generator=g).to(cdt) for _ in range(2))
+            args = dict(mode=mode, pairs=pairs, pair_table=pair_table)
+            want = opgym.rotary(q, k, cos, sin, contiguous=True, **args)
+            got = opgym.rotary(q.cuda(), k.cuda(), cos.cuda(), sin.cuda(), contiguous=True, **args)
+            assert all(_bits_equal(a.cpu(), b) and a.is_contiguous() for a, b in zip(got, want)), (pairs, width, mode)
+            qc, kc = q.cuda().clone(), k.cuda().clone()
+            opgym.rotary_(qc, kc, cos.cuda(), sin.cuda(), **args)
+            assert _bits_equal(qc.cpu(), want[0]) and _bits_equal(kc.cpu(), want[1]), (pairs, width, mode, "in place")
