@@ -18,8 +18,22 @@
 
 namespace opgym {
 
+// How the silu this reproduces iterated gate (fp32 tails only: which elements torch's vectorized loop
+// left to its scalar tail, and so to glibc's expf).
+enum class SiluLayout : int {
+  // As a contiguous tensor of gate's shape, whatever gate's strides: HF's separate gate_proj output
+  // (and what a merged gate|up GEMM stands in for). One flat run per torch chunk.
+  contiguous = 0,
+  // torch's silu on this very view: TensorIterator coalesces gate's dims from the innermost while each
+  // outer stride continues the inner block; where one does not (a half of a [.., 2I] product, HF's
+  // `.chunk(2, dim=-1)`) its vectorized loop runs per row segment, each with its own scalar tail; an
+  // innermost block that is not unit-stride has no vector body at all (every element glibc's).
+  as_given = 1,
+};
+
 struct SwigluOptions {
   int torch_threads = 1;  // torch's intra-op threads for the silu this reproduces (fp32 tails only)
+  SiluLayout silu_layout = SiluLayout::contiguous;
 };
 
 // out = silu(gate) * up. gate, up, out: one dtype, one shape, any leading strides (the last dim
@@ -29,7 +43,8 @@ void swiglu(const TensorView& gate, const TensorView& up, const TensorView& out,
             Executor* executor = nullptr);
 
 // The merged form (vLLM's silu_and_mul): gate_up [..., 2 * I] holds gate in its first half and up
-// in its second; out is [..., I].
+// in its second; out is [..., I]. silu_layout as_given: torch's silu on gate_up's first half as a view
+// (HF's `gate, up = gate_up.chunk(2, dim=-1)`); contiguous: on a separate gate tensor.
 void swiglu_merged(const TensorView& gate_up, const TensorView& out, const SwigluOptions& options = {},
                    Executor* executor = nullptr);
 

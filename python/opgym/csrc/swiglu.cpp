@@ -1,8 +1,9 @@
 // opgym::swiglu's torch operators (src/ops/swiglu): schemas, CPU, Meta and Autograd kernels. CUDA
 // kernels: swiglu_cuda.cpp.
 //
-//   opgym::swiglu(Tensor gate, Tensor up) -> Tensor                  silu(gate) * up
-//   opgym::swiglu_merged(Tensor gate_up) -> Tensor                   gate_up = [..., gate | up]
+//   opgym::swiglu(Tensor gate, Tensor up) -> Tensor                  silu(gate) * up (on these very views)
+//   opgym::swiglu_merged(Tensor gate_up) -> Tensor                   gate_up = [..., gate | up], gate as
+//                                                                    a separate (contiguous) gate_proj output
 //   opgym::swiglu_mlp(Tensor x, Tensor w_gate_up, Tensor? b_gate_up, Tensor w_down, Tensor? b_down)
 //       -> Tensor                                                    down(swiglu_merged(x W^T + b)) + b_down
 //
@@ -49,9 +50,13 @@ at::Tensor merged_out(const at::Tensor& gate_up) {
   return at::empty_symint(shape, gate_up.options());
 }
 
-opgym::SwigluOptions swiglu_options() {
+// layout: how the silu this stands for saw gate (fp32 tails). swiglu(gate, up) is torch's silu(gate) *
+// up on the views it is given (a half of a [T, 2I] product: per-row tails, as HF's `.chunk(2, -1)`);
+// swiglu_merged(gate_up) stands for HF's separate gate_proj output (a contiguous gate).
+opgym::SwigluOptions swiglu_options(opgym::SiluLayout layout) {
   opgym::SwigluOptions o;
   o.torch_threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  o.silu_layout = layout;
   return o;
 }
 
@@ -67,7 +72,8 @@ at::Tensor swiglu_cpu(const at::Tensor& gate, const at::Tensor& up) {
   // [T, I] block would be page-faulted in on every call (output_cache.hpp; docs/PERF.md swiglu v3).
   at::Tensor out = empty_output(gate.sizes(), gate.scalar_type());
   translate_errors("swiglu", [&] {
-    opgym::swiglu(view_of(gate), view_of(up), view_of(out), swiglu_options(), &aten_executor());
+    opgym::swiglu(view_of(gate), view_of(up), view_of(out), swiglu_options(opgym::SiluLayout::as_given),
+                  &aten_executor());
   });
   return out;
 }
@@ -78,7 +84,8 @@ at::Tensor swiglu_merged_cpu(const at::Tensor& gate_up) {
   shape.back() /= 2;
   at::Tensor out = empty_output(shape, gate_up.scalar_type());
   translate_errors("swiglu_merged", [&] {
-    opgym::swiglu_merged(view_of(gate_up), view_of(out), swiglu_options(), &aten_executor());
+    opgym::swiglu_merged(view_of(gate_up), view_of(out), swiglu_options(opgym::SiluLayout::contiguous),
+                         &aten_executor());
   });
   return out;
 }

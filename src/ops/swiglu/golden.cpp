@@ -8,7 +8,7 @@
 //
 // Op by op on materialized fp32 arrays: g = float(gate), n = -g, e = exp(n), d = 1 + e, s = g / d,
 // s rounded to the dtype, p = s * float(up), p rounded. The exp per element follows the header's rule
-// for the active CPU path, from its own copy of torch's chunk arithmetic (not the kernel's).
+// for the active CPU path, from its own copy of torch's chunk and row arithmetic (not the kernel's).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -29,14 +29,29 @@ namespace opgym::reference {
 
 namespace {
 // Whether torch computes flat element e of n with glibc's expf: at::parallel_for's chunks (grain
-// 32768, divup of n over min(threads, divup(n, grain)) chunks), each vectorized in whole steps.
-bool torch_libm_at(int64_t e, int64_t n, int threads, int64_t step) {
-  if (step == 0) return true;
+// 32768, divup of n over min(threads, divup(n, grain)) chunks); inside a chunk its inner loop runs
+// over each row segment (rows of `run` elements; run = n: one flat run), vectorized in whole steps.
+bool torch_libm_at(int64_t e, int64_t n, int threads, int64_t step, int64_t run) {
+  if (step == 0 || run == 0) return true;
   int64_t chunks = 1;
   if (n >= 32768 && threads > 1) chunks = std::min<int64_t>(threads, (n + 32767) / 32768);
   const int64_t size = (n + chunks - 1) / chunks;
-  const int64_t begin = e / size * size, len = std::min(n, begin + size) - begin;
-  return e - begin >= len / step * step;
+  const int64_t chunk = e / size * size, row = e / run * run;
+  const int64_t begin = std::max(chunk, row), end = std::min({n, chunk + size, row + run});
+  return e - begin >= (end - begin) / step * step;
+}
+
+// The row torch's TensorIterator iterates for silu on this gate view (SiluLayout::as_given): dims
+// merged from the innermost, size-1 ones skipped, while each stride equals the inner block's extent
+// (TensorIterator::coalesce_dimensions); 0 when the innermost block is not unit-stride.
+int64_t torch_run_of(const TensorView& gate) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (size, stride) of the dims larger than 1, innermost first
+  for (int d = gate.rank - 1; d >= 0; --d)
+    if (gate.shape[d] != 1) dims.emplace_back(gate.shape[d], gate.strides[d]);
+  if (dims.empty()) return 1;
+  int64_t size = dims[0].first;
+  for (size_t k = 1; k < dims.size() && dims[k].second == dims[0].second * size; ++k) size *= dims[k].first;
+  return dims[0].second == 1 ? size : 0;
 }
 }  // namespace
 
@@ -47,6 +62,7 @@ void swiglu_basic_ops(const TensorView& gate, const TensorView& up, const Tensor
   const CpuIsa isa = active_cpu_isa();
   const int64_t step = isa == CpuIsa::avx512 ? 32 : isa == CpuIsa::avx2 ? 16 : 0;
   const int64_t D = job.dim, n = job.rows * D;
+  const int64_t run = opt.silu_layout == SiluLayout::as_given ? torch_run_of(gate) : n;
   const DType t = job.dtype;
   std::vector<float> g(D), neg(D), e(D), d(D), s(D), u(D), p(D);
   for (int64_t r = 0; r < job.rows; ++r) {
@@ -56,7 +72,7 @@ void swiglu_basic_ops(const TensorView& gate, const TensorView& up, const Tensor
     for (int64_t j = 0; j < D; ++j) neg[j] = -g[j];
     for (int64_t j = 0; j < D; ++j) {
       // 16-bit dtypes: the two exps round to the same silu (tested exhaustively), Sleef's is used.
-      const bool libm = step == 0 || (t == DType::float32 && torch_libm_at(r * D + j, n, opt.torch_threads, step));
+      const bool libm = step == 0 || (t == DType::float32 && torch_libm_at(r * D + j, n, opt.torch_threads, step, run));
 #if OPGYM_HAVE_SLEEF
       e[j] = libm ? std::exp(neg[j]) : Sleef_expf1_u10purecfma(neg[j]);
 #else

@@ -17,9 +17,10 @@ struct SwigluJob {
   int64_t rows = 0, dim = 0;
   int lead_rank = 0;
   int64_t lead_shape[kMaxRank] = {}, gate_lead[kMaxRank] = {}, up_lead[kMaxRank] = {}, out_lead[kMaxRank] = {};
-  // Flat [begin, end) ranges over rows * dim (row-major, as torch's contiguous [.., I] gate), sorted.
+  // Flat [begin, end) ranges over rows * dim (row-major logical order), sorted and disjoint: the
+  // elements torch's silu computes in a scalar tail (glibc's expf).
   const int64_t* libm_ranges = nullptr;
-  int libm_count = 0;
+  int64_t libm_count = 0;
   // bf16/fp16: silu of every gate bit pattern, rounded to the dtype (65,536 entries and 2 of padding,
   // so a 4-byte gather of the last entry stays inside).
   const uint16_t* silu_table = nullptr;
@@ -34,8 +35,18 @@ struct SwigluJob {
 };
 
 // torch's chunks of a silu over n elements on `threads` threads (at::parallel_for, grain 32768) and the
-// scalar tail of each when its vectorized loop steps `step` elements: the libm ranges, as pairs.
-std::vector<int64_t> torch_silu_libm_ranges(int64_t n, int threads, int64_t step);
+// scalar tail of each inner-loop call when its vectorized loop steps `step` elements: the libm ranges,
+// as sorted pairs of flat (row-major) indices. The inner loop runs over each chunk's segments of `run`
+// -element rows (run = n: one flat run per chunk, a contiguous gate; run = I: a half of a [T, 2I]
+// product); run = 0: no vector body, every element.
+std::vector<int64_t> torch_silu_libm_ranges(int64_t n, int threads, int64_t step, int64_t run);
+inline std::vector<int64_t> torch_silu_libm_ranges(int64_t n, int threads, int64_t step) {
+  return torch_silu_libm_ranges(n, threads, step, n);
+}
+// The run torch's TensorIterator gives its inner silu loop for this view of gate (SiluLayout::as_given):
+// gate's dims coalesced from the innermost (size-1 dims skipped) while each stride continues the block
+// inside it; 0 when that block is not unit-stride (torch's basic_loop: no vector body).
+int64_t torch_silu_run(const TensorView& gate);
 // torch's vector step for fp32 (two Vectorized<float>) on a CPU path: avx512 32, avx2 16, scalar 0
 // (no vector body: every element is libm's).
 int64_t torch_silu_fp32_step(int isa);

@@ -20,11 +20,16 @@ namespace {  // NOLINT: internal linkage per instruction set, see core/convert.h
 
 inline float silu_libm(float g) { return g / (1.0f + std::exp(-g)); }
 
-// The first libm range that ends after flat element `e` (ranges are few: one per torch chunk).
-inline int first_range(const detail::SwigluJob& job, int64_t e) {
-  int r = 0;
-  while (r < job.libm_count && job.libm_ranges[2 * r + 1] <= e) ++r;
-  return r;
+// The first libm range that ends after flat element `e` (binary search: a strided gate has one range
+// per row).
+inline int64_t first_range(const detail::SwigluJob& job, int64_t e) {
+  int64_t lo = 0, hi = job.libm_count;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (job.libm_ranges[2 * mid + 1] <= e) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
 }
 
 template <class S, class E, class T>
@@ -33,7 +38,7 @@ void swiglu_row(const detail::SwigluJob& job, const typename T::storage* gate, c
   using G = typename S::G;
   const int64_t dim = job.dim;
   const G one = S::splat(1.0f), minus = S::splat(-1.0f);
-  int range = first_range(job, flat);  // the first libm range ending after this row's start (fp32 only)
+  int64_t range = first_range(job, flat);  // the first libm range ending after this row's start (fp32 only)
   for (int64_t j = 0; j < dim; j += S::kGroup) {
     const int64_t n = dim - j < S::kGroup ? dim - j : S::kGroup;
     G s;
@@ -50,7 +55,7 @@ void swiglu_row(const detail::SwigluJob& job, const typename T::storage* gate, c
         alignas(64) float gs[S::kGroup], ss[S::kGroup];
         S::store_raw(gs, g);
         S::store_raw(ss, s);
-        for (int r = range; r < job.libm_count && job.libm_ranges[2 * r] < flat + j + n; ++r) {
+        for (int64_t r = range; r < job.libm_count && job.libm_ranges[2 * r] < flat + j + n; ++r) {
           const int64_t lo = std::max<int64_t>(job.libm_ranges[2 * r] - flat - j, 0);
           const int64_t hi = std::min<int64_t>(job.libm_ranges[2 * r + 1] - flat - j, n);
           for (int64_t k = lo; k < hi; ++k) ss[k] = silu_libm(gs[k]);

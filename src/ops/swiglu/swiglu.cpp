@@ -1,5 +1,6 @@
 // The swiglu front: checks every argument (nothing is written on error), flattens gate, up and out to
-// rows, works out (fp32 only) which elements torch's silu computes with glibc's expf, and runs the
+// rows, works out (fp32 only) which elements torch's silu computes with glibc's expf (for the layout
+// it saw: SwigluOptions::silu_layout), and runs the
 // per-ISA kernel over row blocks on the executor.
 #include "opgym/swiglu.hpp"
 
@@ -38,19 +39,41 @@ void check_written(const TensorView& w, const char* w_name, const TensorView& in
 
 namespace detail {
 
-std::vector<int64_t> torch_silu_libm_ranges(int64_t n, int threads, int64_t step) {
+std::vector<int64_t> torch_silu_libm_ranges(int64_t n, int threads, int64_t step, int64_t run) {
   std::vector<int64_t> ranges;
   if (n <= 0 || step <= 0) return ranges;
+  if (run <= 0) return {0, n};  // no vector body: torch's basic_loop (glibc's expf) everywhere
   constexpr int64_t kGrain = 32768;  // at::internal::GRAIN_SIZE, TensorIterator::for_each's default
   int64_t chunks = 1;
   if (n >= kGrain && threads > 1) chunks = std::min<int64_t>(threads, (n + kGrain - 1) / kGrain);
   const int64_t size = (n + chunks - 1) / chunks;  // at::parallel_for's chunk (divup), from 0
   for (int64_t b = 0; b < n; b += size) {
     const int64_t e = std::min(n, b + size);
-    const int64_t tail = b + (e - b) / step * step;  // vectorized_loop: whole steps, then basic_loop
-    if (tail < e) ranges.insert(ranges.end(), {tail, e});
+    // serial_for_each: one inner-loop call per row segment of the chunk (DimCounter::max_2d_step)
+    for (int64_t s = b; s < e;) {
+      const int64_t se = std::min(e, (s / run + 1) * run);
+      const int64_t tail = s + (se - s) / step * step;  // vectorized_loop: whole steps, then basic_loop
+      if (tail < se) ranges.insert(ranges.end(), {tail, se});
+      s = se;
+    }
   }
   return ranges;
+}
+
+int64_t torch_silu_run(const TensorView& gate) {
+  int64_t run = 0, stride = 0;
+  for (int d = gate.rank - 1; d >= 0; --d) {
+    if (gate.shape[d] == 1) continue;  // size-1 dims always coalesce
+    if (run == 0) {
+      run = gate.shape[d], stride = gate.strides[d];
+    } else if (gate.strides[d] == stride * run) {
+      run *= gate.shape[d];
+    } else {
+      break;
+    }
+  }
+  if (run == 0) return gate.numel();  // a single element
+  return stride == 1 ? run : 0;
 }
 
 const uint16_t* swiglu_silu_table(DType dtype) {
@@ -140,15 +163,19 @@ void swiglu(const TensorView& gate, const TensorView& up, const TensorView& out,
             Executor* executor) {
   if (opt.torch_threads < 1)
     throw err("torch_threads", "torch_threads must be >= 1, got " + std::to_string(opt.torch_threads));
+  if (opt.silu_layout != SiluLayout::contiguous && opt.silu_layout != SiluLayout::as_given)
+    throw err("silu_layout", "silu_layout must be contiguous or as_given, got " +
+                                 std::to_string(static_cast<int>(opt.silu_layout)));
   detail::SwigluJob job;
   if (!detail::make_swiglu_job(gate, up, out, job)) return;
   const CpuIsa isa = active_cpu_isa();
   std::vector<int64_t> ranges;
   if (job.dtype == DType::float32) {
-    ranges = detail::torch_silu_libm_ranges(job.rows * job.dim, opt.torch_threads,
-                                           detail::torch_silu_fp32_step(static_cast<int>(isa)));
+    const int64_t n = job.rows * job.dim;
+    ranges = detail::torch_silu_libm_ranges(n, opt.torch_threads, detail::torch_silu_fp32_step(static_cast<int>(isa)),
+                                           opt.silu_layout == SiluLayout::as_given ? detail::torch_silu_run(gate) : n);
     job.libm_ranges = ranges.data();
-    job.libm_count = static_cast<int>(ranges.size() / 2);
+    job.libm_count = static_cast<int64_t>(ranges.size() / 2);
   }
   if (job.dtype != DType::float32) job.silu_table = detail::swiglu_silu_table(job.dtype);
   const RowsFn fn = rows_fn(isa);

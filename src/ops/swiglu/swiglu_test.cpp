@@ -1,5 +1,6 @@
 // swiglu against its golden on every dtype x ISA x layout (separate, merged gate|up, strided rows, in
-// place) and torch's chunk layouts, bit for bit; the claim that lets 16-bit dtypes ignore which exp
+// place; each with torch's silu seeing a contiguous gate or the view as given) and torch's chunk and row
+// layouts, bit for bit; the claim that lets 16-bit dtypes ignore which exp
 // torch used (checked on every input); the MLP against its golden; every error path (nothing written).
 #include <gtest/gtest.h>
 
@@ -32,6 +33,35 @@ TEST(Swiglu, TorchChunkTailsAreWhereTorchPutsThem) {
   // 3 threads: divup(70000, 32768) = 3 chunks of 23334 (the last 23332), each 729 steps of 32 and a tail
   EXPECT_EQ(torch_silu_libm_ranges(70000, 3, 32), (std::vector<int64_t>{23328, 23334, 46662, 46668, 69996, 70000}));
   EXPECT_TRUE(torch_silu_libm_ranges(100, 1, 0).empty());
+  // rows (a half of a [T, 2I] product, SiluLayout::as_given): every row segment has its own tail
+  EXPECT_EQ(torch_silu_libm_ranges(120, 1, 32, 40), (std::vector<int64_t>{32, 40, 72, 80, 112, 120}));
+  EXPECT_EQ(torch_silu_libm_ranges(120, 1, 32, 120), torch_silu_libm_ranges(120, 1, 32));
+  EXPECT_EQ(torch_silu_libm_ranges(120, 1, 32, 0), (std::vector<int64_t>{0, 120}));  // no vector body
+  // 70000 in rows of 300 on 2 threads: the chunk boundary 35000 cuts row 116 into 200 + 100 elements,
+  // each segment with its tail (200 = 6 * 32 + 8, 100 = 3 * 32 + 4)
+  const auto r = torch_silu_libm_ranges(70000, 2, 32, 300);
+  const auto has = [&](int64_t b, int64_t e) {
+    for (size_t i = 0; i + 1 < r.size(); i += 2)
+      if (r[i] == b && r[i + 1] == e) return true;
+    return false;
+  };
+  EXPECT_TRUE(has(34992, 35000) && has(35096, 35100) && has(288, 300) && has(69996, 70000));
+  EXPECT_EQ(r.size(), 2u * 235);  // 232 whole rows, two halves of row 116, the last row's 100
+}
+
+TEST(Swiglu, TorchRunOfAView) {
+  using detail::torch_silu_run;
+  float buf[1];
+  const auto view = [&](std::vector<int64_t> shape, std::vector<int64_t> strides) {
+    return TensorView::strided(buf, DType::float32, shape.data(), strides.data(), static_cast<int>(shape.size()));
+  };
+  EXPECT_EQ(torch_silu_run(view({5, 40}, {40, 1})), 200);           // contiguous: one flat run
+  EXPECT_EQ(torch_silu_run(view({5, 40}, {80, 1})), 40);            // a half of [5, 80]
+  EXPECT_EQ(torch_silu_run(view({2, 5, 40}, {400, 80, 1})), 40);    // [2, 5, 80] chunked
+  EXPECT_EQ(torch_silu_run(view({2, 5, 40}, {999, 40, 1})), 200);   // rows contiguous inside a batch
+  EXPECT_EQ(torch_silu_run(view({1, 40}, {80, 1})), 40);            // one row: size-1 dims merge
+  EXPECT_EQ(torch_silu_run(view({5, 1}, {2, 1})), 0);               // I = 1 of [5, 2]: no unit stride
+  EXPECT_EQ(torch_silu_run(view({5, 40}, {0, 1})), 40);             // broadcast rows
 }
 
 // Every finite bf16 and fp16 gate: silu with Sleef's exp (the golden on the vector paths) and with
@@ -84,8 +114,8 @@ TEST_P(SwigluMatrix, BitExactWithTheGolden) {
   uint64_t seed = 11;
   for (int64_t I : {1, 7, 63, 64, 65, 200, 3420, 11008}) {
     for (int64_t T : {1, 3, 13}) {
-      for (int layout = 0; layout < 4; ++layout) {  // 0 separate, 1 merged, 2 strided rows, 3 in place
-        ++seed;
+      for (int layout = 0; layout < 8; ++layout) {  // 0 separate, 1 merged, 2 strided rows, 3 in place;
+        ++seed;                                        // 4..7 the same with silu_layout as_given
         const int threads = 1 + static_cast<int>(seed % 3);
         Buffer gu = cases::make_normal(TensorSpec{"gu", {T, 2 * I}, t}, seed, 0, 0.0, 4.0);
         Buffer g = cases::make_normal(TensorSpec{"g", {T, I}, t}, seed, 1, 0.0, 4.0);
@@ -94,11 +124,12 @@ TEST_P(SwigluMatrix, BitExactWithTheGolden) {
         std::memset(got.bytes.data(), 0x5a, got.bytes.size());
         SwigluOptions o;
         o.torch_threads = threads;
+        o.silu_layout = layout >= 4 ? SiluLayout::as_given : SiluLayout::contiguous;
         TensorView gv = g.view(), uv = u.view();
-        if (layout == 1 || layout == 2) detail::split_gate_up(gu.view(), got.view(), gv, uv);
-        if (layout == 1) {
+        if (layout % 4 == 1 || layout % 4 == 2) detail::split_gate_up(gu.view(), got.view(), gv, uv);
+        if (layout % 4 == 1) {
           swiglu_merged(gu.view(), got.view(), o);
-        } else if (layout == 3) {
+        } else if (layout % 4 == 3) {
           got = g;
           swiglu(got.view(), uv, got.view(), o);
         } else {
@@ -109,7 +140,20 @@ TEST_P(SwigluMatrix, BitExactWithTheGolden) {
       }
     }
   }
-  // fp32 over torch's multi-chunk layouts: [40, 3420] = 136800 elements, 2 to 5 chunks.
+  // Over torch's multi-chunk layouts: [40, 3420] = 136800 elements, 2 to 5 chunks; and the halves of
+  // a [40, 2 * 3420] product with as_given (chunks cutting rows: per-segment tails).
+  for (int threads : {2, 3, 5}) {
+    Buffer gu = cases::make_normal(TensorSpec{"gu", {40, 2 * 3420}, t}, threads, 2, 0.0, 4.0);
+    Buffer got = cases::make_buffer({40, 3420}, t), want = got;
+    SwigluOptions o;
+    o.torch_threads = threads;
+    o.silu_layout = SiluLayout::as_given;
+    TensorView gv, uv;
+    detail::split_gate_up(gu.view(), got.view(), gv, uv);
+    swiglu_merged(gu.view(), got.view(), o);
+    reference::swiglu_basic_ops(gv, uv, want.view(), o);
+    ASSERT_EQ(got.bytes, want.bytes) << "as_given, threads " << threads;
+  }
   for (int threads : {2, 3, 5}) {
     Buffer g = cases::make_normal(TensorSpec{"g", {40, 3420}, t}, threads, 0, 0.0, 4.0);
     Buffer u = cases::make_normal(TensorSpec{"u", {40, 3420}, t}, threads, 1);
@@ -182,6 +226,9 @@ TEST_F(SwigluErrors, ShapesDtypesOverlapAndOptions) {
   SwigluOptions bad;
   bad.torch_threads = 0;
   expect_error([&] { swiglu(g.view(), u.view(), o.view(), bad); }, "torch_threads", ">= 1");
+  SwigluOptions bad_layout;
+  bad_layout.silu_layout = static_cast<SiluLayout>(7);
+  expect_error([&] { swiglu(g.view(), u.view(), o.view(), bad_layout); }, "silu_layout", "contiguous or as_given");
 }
 
 // The MLP: OpenBLAS GEMMs + the fused activation against separate fp32 GEMMs + the golden activation.
