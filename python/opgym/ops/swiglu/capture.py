@@ -1,4 +1,4 @@
-"""What opgym.capture records of SwiGLU: every call of an MLP opgym.patch serves (x's shape, H, I,
+"""What opgym.capture records of SwiGLU: every call of a separate gate/up MLP opgym.patch serves (x's shape, H, I,
 biases). Each signature gives two cases: the activation alone on gate_up [..., 2I] (tolerance 0: the
 op's contract is torch's bits) and the whole MLP in PyPTO-Gym's swiglu_mlp schema (weights [in, out];
 the C++ MLP's GEMMs sum in oneDNN's order, so a bf16/fp16 tolerance)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ...caseformat import TOLERANCES, common, dtype_name, group, seed_of, short, where
-from .integration import swiglu_mlps
+from .integration import separate_linears, swiglu_mlps
 
 
 class Recorder:
@@ -24,7 +24,7 @@ class Recorder:
             if not isinstance(x, torch.Tensor):
                 return None
             step = self.cap.step()
-            g, d = module.gate_proj, module.down_proj
+            g, _, d = separate_linears(module)
             self.records.append({
                 "step": step["step"], "phase": step["phase"], "module": name, "kind": kind,
                 "shape": list(x.shape), "dtype": dtype_name(x.dtype),
