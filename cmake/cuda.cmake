@@ -1,4 +1,5 @@
-# CUDA backend (OPGYM_CUDA=auto|on|off), included right after the core `opgym` target.
+# CUDA backend (OPGYM_CUDA=auto|on|off), included right after the core `opgym` target, once every op
+# has declared its CUDA files and CUDA gtests (cmake/opgym_ops.cmake).
 #
 # auto: built when a CUDA compiler is found (CUDACXX, PATH, /usr/local/cuda); on: required; off: never.
 # The kernels live in the object library `opgym_cuda`, compiled by nvcc for sm_80 and sm_90 (SASS)
@@ -36,8 +37,9 @@ elseif(NOT _opgym_cuda_mode STREQUAL "off")
     set(OPGYM_HAVE_CUDA ON)
     message(STATUS "opgym: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES})")
 
-    add_library(opgym_cuda OBJECT src/ops/rms_norm/rms_norm.cu src/ops/add_rms_norm/add_rms_norm.cu
-      src/ops/rotary/rotary.cu src/ops/swiglu/swiglu.cu)
+    # Every op's CUDA files (opgym_add_op CUDA in src/ops/<op>/CMakeLists.txt).
+    opgym_op_files(_opgym_cuda_sources CUDA)
+    add_library(opgym_cuda OBJECT src/core/cuda_device.cu ${_opgym_cuda_sources})
     set_target_properties(opgym_cuda PROPERTIES
       CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON POSITION_INDEPENDENT_CODE ON)
     target_include_directories(opgym_cuda PRIVATE
@@ -59,12 +61,13 @@ elseif(NOT _opgym_cuda_mode STREQUAL "off")
     target_link_libraries(opgym PUBLIC
       $<BUILD_INTERFACE:CUDA::cudart> $<INSTALL_INTERFACE:${CUDA_cudart_LIBRARY}>)
 
-    if(OPGYM_BUILD_TESTS)
+    opgym_op_files(_opgym_cuda_tests CUDA_TESTS)
+    if(OPGYM_BUILD_TESTS AND _opgym_cuda_tests)
       enable_testing()
       find_package(GTest REQUIRED)
       include(GoogleTest)
       # Plain C++ against the runtime API: only the kernels go through nvcc.
-      add_executable(opgym_cuda_tests src/ops/rms_norm/rms_norm_cuda_test.cpp src/ops/add_rms_norm/add_rms_norm_cuda_test.cpp)
+      add_executable(opgym_cuda_tests ${_opgym_cuda_tests})
       target_compile_options(opgym_cuda_tests PRIVATE ${OPGYM_FP_FLAGS})
       # opgym_cases (inputs, buffers) is defined after this file; CMake resolves the name at the end.
       target_link_libraries(opgym_cuda_tests PRIVATE opgym_cases CUDA::cudart GTest::gtest GTest::gtest_main)

@@ -15,7 +15,8 @@
 #   4. run     `opgym run --device cuda` (whole network, baseline vs every opgym op).
 #   5. bench   scripts/gpu_bench.py: captured shapes + size sweep vs HF eager, F.rms_norm,
 #              torch.compile, Liger; GB/s and % of a same-byte copy; decode latency in a CUDA graph;
-#              scripts/gpu_bench_swiglu.py: the activation and the MLP vs HF eager and Liger.
+#              then each op's own GPU benchmark there is, scripts/gpu_bench_<op>.py --json FILE
+#              (swiglu's: the activation and the MLP vs HF eager and Liger).
 # The machine needs no Debian package beyond the toolchain: without libsleef-dev the CPU swiglu uses
 # glibc's exp (build_info says so), without libdnnl-dev the C++ swiglu_mlp is not built.
 # Prints a stage summary and the benchmark table last. Whole run: under 8 minutes (stage timeouts
@@ -115,7 +116,9 @@ if (( HAVE_EXT == 1 && HAVE_PYTEST )); then
   : > "$(log pytest)"
   failed=()
   end=$(( SECONDS + $(cap 150 210) ))
-  for f in tests/test_cuda_ops.py $(ls tests/test_*.py | grep -v test_cuda_ops.py); do
+  # Every test file there is, the CUDA ones (tests/test_*cuda*.py) first.
+  cuda_re='/test_[^/]*cuda[^/]*\.py$'
+  for f in $(ls tests/test_*.py | grep -E "$cuda_re") $(ls tests/test_*.py | grep -vE "$cuda_re"); do
     (( SECONDS >= end )) && { failed+=("$(basename "$f"):not-run(time)"); continue; }
     echo "== $f" >> "$(log pytest)"
     (cd tests && OPGYM_DEVICE=cuda timeout $(( end - SECONDS > 10 ? end - SECONDS : 10 )) "$PY" -m pytest -q \
@@ -161,8 +164,13 @@ else
   stage bench "not run: no CUDA operators"
 fi
 if (( HAVE_EXT == 1 )); then
-  timeout "$(cap 60 0)" "$PY" scripts/gpu_bench_swiglu.py --json "$OUTDIR/gpu_bench_swiglu.json" > "$(log swiglu)" 2>&1; rc=$?
-  if (( rc == 0 )); then stage swiglu "ok: $OUTDIR/gpu_bench_swiglu.json"; else stage swiglu "FAIL (rc $rc): $(tail -1 "$(log swiglu)" | cut -c1-200)"; fi
+  for script in scripts/gpu_bench_*.py; do
+    [ -f "$script" ] || continue
+    op="$(basename "$script" .py)"; op="${op#gpu_bench_}"
+    timeout "$(cap 60 0)" "$PY" "$script" --json "$OUTDIR/gpu_bench_$op.json" > "$(log "$op")" 2>&1; rc=$?
+    if (( rc == 0 )); then stage "$op" "ok: $OUTDIR/gpu_bench_$op.json"
+    else stage "$op" "FAIL (rc $rc): $(tail -1 "$(log "$op")" | cut -c1-200)"; fi
+  done
 fi
 
 # ---- summary, table last -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The CUDA operators (python/opgym/csrc/torch_ops_cuda.cpp): bit-identical to the CPU operators,
+"""The CUDA operators (python/opgym/ops/<op>/<op>_cuda.cpp): bit-identical to the CPU operators,
 on torch's current stream, capturable in a CUDA graph and under torch.compile(mode="reduce-overhead").
 
 Skipped, with the reason, without a GPU or without opgym's CUDA operators. The precision suite

@@ -30,3 +30,16 @@ void add_rms_norm_basic_ops(const TensorView& x, const TensorView& residual, con
 }  // namespace reference
 
 }  // namespace opgym
+
+// ---- CUDA (the backend: include/opgym/cuda.hpp, docs/CUDA.md) ---------------------------------
+// Defined when the library was built with CUDA (OPGYM_HAVE_CUDA=1). No CUDA header is needed:
+struct CUstream_st;  // cudaStream_t is `CUstream_st*`; nullptr is the legacy default stream
+
+namespace opgym::cuda {
+
+// add_rms_norm on the GPU (include/opgym/add_rms_norm.hpp's contract and argument errors; the
+// RMSNorm part sums in the lanes64 order, as opgym::cuda::rms_norm), enqueued on `stream`.
+void add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView& weight, const TensorView& out,
+                  const TensorView& sum_out, const RmsNormOptions& options = {}, CUstream_st* stream = nullptr);
+
+}  // namespace opgym::cuda

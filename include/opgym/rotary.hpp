@@ -49,3 +49,17 @@ void rotary_basic_ops(const TensorView& q, const TensorView& k, const TensorView
 }  // namespace reference
 
 }  // namespace opgym
+
+// ---- CUDA (the backend: include/opgym/cuda.hpp, docs/CUDA.md) ---------------------------------
+// Defined when the library was built with CUDA (OPGYM_HAVE_CUDA=1). No CUDA header is needed:
+struct CUstream_st;  // cudaStream_t is `CUstream_st*`; nullptr is the legacy default stream
+
+namespace opgym::cuda {
+
+// rotary on the GPU (include/opgym/rotary.hpp's contract, the same bits as the CPU: elementwise, no
+// sum order), enqueued on `stream`.
+void rotary(const TensorView& q, const TensorView& k, const TensorView& cos, const TensorView& sin,
+            const TensorView& q_out, const TensorView& k_out, const RotaryOptions& options = {},
+            CUstream_st* stream = nullptr);
+
+}  // namespace opgym::cuda

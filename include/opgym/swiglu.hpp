@@ -9,7 +9,7 @@
 // a CPU without AVX2 (opgym's scalar path). After rounding to bf16 or fp16 the two exps agree on every
 // input (checked exhaustively by the tests), so only fp32 depends on where the tails fall:
 // `torch_threads` says over how many chunks torch split the call (torch.get_num_threads() at the call).
-// CUDA (opgym/cuda.hpp): expf and an IEEE divide, as torch's CUDA silu.
+// CUDA (opgym::cuda::swiglu below): expf and an IEEE divide, as torch's CUDA silu.
 #pragma once
 #include <cstdint>
 
@@ -83,3 +83,16 @@ void swiglu_mlp_basic_ops(const TensorView& x, const TensorView& w_gate, const T
 }  // namespace reference
 
 }  // namespace opgym
+
+// ---- CUDA (the backend: include/opgym/cuda.hpp, docs/CUDA.md) ---------------------------------
+// Defined when the library was built with CUDA (OPGYM_HAVE_CUDA=1). No CUDA header is needed:
+struct CUstream_st;  // cudaStream_t is `CUstream_st*`; nullptr is the legacy default stream
+
+namespace opgym::cuda {
+
+// swiglu on the GPU (include/opgym/swiglu.hpp's contract with torch's CUDA silu: expf and an IEEE
+// divide in fp32; the argument errors of the CPU front), enqueued on `stream`.
+void swiglu(const TensorView& gate, const TensorView& up, const TensorView& out, CUstream_st* stream = nullptr);
+void swiglu_merged(const TensorView& gate_up, const TensorView& out, CUstream_st* stream = nullptr);
+
+}  // namespace opgym::cuda

@@ -19,6 +19,7 @@ LAZY = {
     "run": ("opgym.run", "A/B-run the model with and without opgym's fused operators"),
     "bench": ("opgym.bench", "benchmark opgym's operators against torch"),
     "coverage": ("opgym.coverage", "every HF model type, tiny and seeded: what opgym fuses and whether the logits stay bit-identical"),
+    "serve-bench": ("opgym.vllm.serve_bench", "serve Qwen2.5-VL through vLLM with and without opgym's plugin"),
 }
 
 

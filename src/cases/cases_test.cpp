@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "cases/case_file.hpp"
 #include "cases/compare.hpp"
@@ -150,6 +151,34 @@ TEST(Runner, WrongDeclaredOutputFailsAndUnknownOpIsReported) {
   EXPECT_NE(out.str().find("torch's promotion"), std::string::npos);
   EXPECT_NE(out.str().find("case 'no_eps': missing input 'eps'"), std::string::npos) << out.str();
   EXPECT_NE(out.str().find("no runner for op 'layer_norm'"), std::string::npos) << out.str();
+}
+
+TEST(Runner, TableIsSortedUniqueAndResolvesTheLongestWholePrefix) {
+  // The generated table: sorted by name, no name twice, every entry callable.
+  const std::vector<RunnerEntry>& table = runners();
+  ASSERT_FALSE(table.empty());
+  for (size_t i = 0; i < table.size(); ++i) {
+    EXPECT_NE(table[i].run, nullptr) << table[i].op;
+    if (i > 0) EXPECT_LT(std::string(table[i - 1].op), std::string(table[i].op));
+  }
+  ASSERT_NE(find_runner("swiglu"), nullptr);
+  ASSERT_NE(find_runner("swiglu_mlp"), nullptr);
+  EXPECT_EQ(find_runner("swiglu_m"), nullptr);  // exact names only
+  auto resolve = [](const std::string& op_name, const std::string& first_id) {
+    CaseFile f;
+    f.op_name = op_name;
+    Case c;
+    c.id = first_id;
+    f.cases.push_back(c);
+    return resolve_op(f);
+  };
+  EXPECT_EQ(resolve("swiglu_mlp", "x"), "swiglu_mlp");         // exact
+  EXPECT_EQ(resolve("swiglu_mlp_qwen", "x"), "swiglu_mlp");    // longest whole prefix, whatever the order
+  EXPECT_EQ(resolve("swiglu_qwen", "x"), "swiglu");
+  EXPECT_EQ(resolve("add_rms_norm_qwen", "x"), "add_rms_norm");
+  EXPECT_EQ(resolve("peer", "swiglu_mlp_001"), "swiglu_mlp");  // from the first case id
+  EXPECT_EQ(resolve("peer", "mrope_001"), "mrope");
+  EXPECT_EQ(resolve("swiglumlp", "swiglu"), "swiglumlp");      // no whole prefix: left as it was
 }
 
 TEST(Runner, OversizedCaseIsRefusedBeforeAllocating) {

@@ -8,32 +8,9 @@
 
 #include "opgym/error.hpp"
 
-namespace opgym {
-// Each op's runner, defined beside the op (src/ops/<op>/cases.cpp).
-cases::CaseResult run_rms_norm_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
-cases::CaseResult run_add_rms_norm_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
-cases::CaseResult run_rotary_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
-cases::CaseResult run_swiglu_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
-cases::CaseResult run_swiglu_mlp_case(const cases::Case&, const cases::CaseFile&, const cases::RunOptions&);
-}  // namespace opgym
-
 namespace opgym::cases {
 
 namespace {
-struct Entry {
-  const char* op;
-  OpRunner run;
-};
-// Adding an op's runner: one line here.
-constexpr Entry kRunners[] = {
-    {"rms_norm", run_rms_norm_case},
-    {"add_rms_norm", run_add_rms_norm_case},
-    {"rotary", run_rotary_case},
-    {"mrope", run_rotary_case},  // PyPTO-Gym's name for its MRoPE case files
-    {"swiglu_mlp", run_swiglu_mlp_case},  // before "swiglu": resolve_op takes the first prefix that matches
-    {"swiglu", run_swiglu_case},
-};
-
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
@@ -42,16 +19,22 @@ std::string fmt(const char* f, double v) {
 }  // namespace
 
 OpRunner find_runner(const std::string& op) {
-  for (const Entry& e : kRunners)
+  for (const RunnerEntry& e : runners())
     if (op == e.op) return e.run;
   return nullptr;
 }
 
 std::string resolve_op(const CaseFile& file) {
+  // The longest runner name N with `name` starting "N_": "swiglu_mlp_001" is swiglu_mlp's, not swiglu's.
   auto prefixed = [](const std::string& name) -> std::string {
-    for (const Entry& e : kRunners)
-      if (name.rfind(std::string(e.op) + "_", 0) == 0) return e.op;
-    return "";
+    std::string best;
+    for (const RunnerEntry& e : runners()) {
+      const std::string op = e.op;
+      if (op.size() > best.size() && name.size() > op.size() && name.compare(0, op.size(), op) == 0 &&
+          name[op.size()] == '_')
+        best = op;
+    }
+    return best;
   };
   if (find_runner(file.op_name)) return file.op_name;
   // A file named after the op ("rms_norm_qwen_cases.json"), or cases whose ids are ("rms_norm_001").
@@ -94,7 +77,7 @@ Summary run_files(const std::vector<std::string>& paths, RunOptions opt, std::os
     const OpRunner run = find_runner(file.op_name);
     if (!run) {
       out << "[PRECISION_FAIL] " << path << ": no runner for op '" << file.op_name << "' (have:";
-      for (const Entry& e : kRunners) out << " " << e.op;
+      for (const RunnerEntry& e : runners()) out << " " << e.op;
       out << ")\n";
       ++s.failed;
       continue;

@@ -1,5 +1,6 @@
 // The precision runner: every case of every file, kernel vs golden, one line per case, then
-// "N passed, N failed". Each op contributes a runner (src/ops/<op>/cases.cpp) listed in runner.cpp.
+// "N passed, N failed". Each op contributes a runner (src/ops/<op>/cases.cpp), declared with the
+// names it answers to in its src/ops/<op>/CMakeLists.txt (opgym_add_op RUNNERS); the table is generated.
 #pragma once
 #include <cstdint>
 #include <iosfwd>
@@ -33,10 +34,18 @@ struct CaseResult {
 
 using OpRunner = CaseResult (*)(const Case&, const CaseFile&, const RunOptions&);
 
-// The runner for an op name, or nullptr.
+struct RunnerEntry {
+  const char* op;
+  OpRunner run;
+};
+// Every registered runner, sorted by name (generated from the ops' declarations: runner_table.cpp.in).
+const std::vector<RunnerEntry>& runners();
+
+// The runner for an exact op name, or nullptr.
 OpRunner find_runner(const std::string& op_name);
-// The op a file's cases are for: its op_name, else a runner's op that prefixes the file-derived
-// name or the first case id.
+// The op a file's cases are for: its op_name when a runner has that exact name, else the longest
+// runner name that is a whole prefix ("<name>_...") of the file-derived name, else of the first case
+// id ("rms_norm_qwen_cases.json", "swiglu_mlp_001"). Independent of the table's order.
 std::string resolve_op(const CaseFile& file);
 // A quarter of physical memory.
 int64_t default_max_bytes();

@@ -1,5 +1,7 @@
-// What opgym's CPU and CUDA torch kernels share: dtype mapping, the checks that need no data (the
-// Meta kernels use them too, so fake tensors raise what real ones do), and TensorView from a Tensor.
+// What every op's torch binding shares (python/opgym/ops/<op>/<op>.cpp and <op>_cuda.cpp): dtype
+// mapping, the checks that need no data (the Meta kernels use them too, so fake tensors raise what
+// real ones do), error translation, torch's pool as the core's Executor, and TensorView from a Tensor.
+// What one op's CPU and CUDA files share sits in that op's own header (python/opgym/ops/<op>/<op>.hpp).
 #pragma once
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -8,12 +10,14 @@
 #include <exception>
 #include <initializer_list>
 #include <string_view>
+#include <type_traits>
+#include <vector>
 
 #include "opgym/opgym.hpp"
 
 namespace opgym_torch {
 
-inline opgym::DType to_opgym_dtype(at::ScalarType t, const char* name, const char* op = "rms_norm") {
+inline opgym::DType to_opgym_dtype(at::ScalarType t, const char* name, const char* op) {
   switch (t) {
     case at::kFloat: return opgym::DType::float32;
     case at::kHalf: return opgym::DType::float16;
@@ -83,13 +87,21 @@ inline bool grad_needed(std::initializer_list<const at::Tensor*> ts) {
     }                                                             \
   } while (0)
 
-// `t` has the sizes of x (rank and every size).
-inline void check_same_shape(const at::Tensor& x, const at::Tensor& t, const char* name, const char* op) {
-  TORCH_CHECK_VALUE(t.dim() == x.dim(), "opgym::", op, ": ", name, " must have the shape of x ", x.sym_sizes(), ", got ",
-                    t.sym_sizes());
-  for (int64_t d = 0; d < x.dim(); ++d)
-    OPGYM_SYM_CHECK_VALUE(t.sym_size(d).sym_eq(x.sym_size(d)), "opgym::", op, ": ", name, " must have the shape of x ",
-                          x.sym_sizes(), ", got ", t.sym_sizes());
+// `t` (named `name`) has the sizes of `ref` (named `ref_name`): rank and every size.
+inline void check_same_shape(const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name,
+                             const char* op) {
+  TORCH_CHECK_VALUE(t.dim() == ref.dim(), "opgym::", op, ": ", name, " must have the shape of ", ref_name, " ",
+                    ref.sym_sizes(), ", got ", t.sym_sizes());
+  for (int64_t d = 0; d < ref.dim(); ++d)
+    OPGYM_SYM_CHECK_VALUE(t.sym_size(d).sym_eq(ref.sym_size(d)), "opgym::", op, ": ", name, " must have the shape of ",
+                          ref_name, " ", ref.sym_sizes(), ", got ", t.sym_sizes());
+}
+
+// `t` (named `name`) is on the device of `ref` (named `ref_name`, the op's first tensor argument).
+inline void check_device(const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name,
+                         const char* op) {
+  TORCH_CHECK(t.device() == ref.device(), "opgym::", op, ": ", name, " is on ", t.device(), " but ", ref_name, " is on ",
+              ref.device(), "; every tensor must be on one device");
 }
 
 inline at::ScalarType to_aten_dtype(opgym::DType t) {
@@ -100,54 +112,26 @@ inline at::ScalarType to_aten_dtype(opgym::DType t) {
   }
 }
 
-// Checks that need no data: layout, dtype, rank, weight's shape. Shared by the CPU and Meta kernels
-// so fake tensors raise what real ones do. Returns the output dtype.
-inline at::ScalarType check_common(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode) {
-  TORCH_CHECK_VALUE(x.defined(), "opgym::rms_norm: x is undefined");
-  TORCH_CHECK_VALUE(weight.defined(), "opgym::rms_norm: weight is undefined");
-  TORCH_CHECK_VALUE(x.layout() == at::kStrided, "opgym::rms_norm: x must be a strided (dense) tensor, got layout ", x.layout());
-  TORCH_CHECK_VALUE(weight.layout() == at::kStrided, "opgym::rms_norm: weight must be a strided (dense) tensor, got layout ",
-                    weight.layout());
-  const opgym::DType xd = to_opgym_dtype(x.scalar_type(), "x");
-  const opgym::DType wd = to_opgym_dtype(weight.scalar_type(), "weight");
-  TORCH_CHECK_VALUE(x.dim() >= 1 && x.dim() <= opgym::kMaxRank, "opgym::rms_norm: x must have 1 to ", opgym::kMaxRank,
-                    " dims, got ", x.dim());
-  TORCH_CHECK_VALUE(weight.dim() == 1, "opgym::rms_norm: weight must be 1-D of size ", x.sym_size(-1),
-                    " (the last dim of x), got shape ", weight.sym_sizes());
-  TORCH_SYM_CHECK(weight.sym_size(0).sym_eq(x.sym_size(-1)), "opgym::rms_norm: weight must have shape [", x.sym_size(-1),
-                  "] (the last dim of x), got ", weight.sym_sizes());
-  TORCH_CHECK_VALUE(mode == "hf" || mode == "fp32", "opgym::rms_norm: mode must be 'hf' or 'fp32', got '", mode, "'");
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, "opgym::rms_norm: eps must be a finite number >= 0, got ", eps);
-  return to_aten_dtype(opgym::rms_norm_out_dtype(xd, wd));
-}
-
-inline void check_device(const at::Tensor& t, const char* name, const at::Device& want, const char* op = "rms_norm") {
-  TORCH_CHECK(t.device() == want, "opgym::", op, ": ", name, " is on ", t.device(), " but x is on ", want,
-              "; every tensor must be on one device");
-}
-
+// A view of `t`, whose dtype its op has checked already.
 inline opgym::TensorView view_of(const at::Tensor& t) {
   const int64_t rank = t.dim();
-  return opgym::TensorView::strided(t.data_ptr(), to_opgym_dtype(t.scalar_type(), "tensor"), t.sizes().data(),
+  return opgym::TensorView::strided(t.data_ptr(), to_opgym_dtype(t.scalar_type(), "tensor", "view_of"), t.sizes().data(),
                                     t.strides().data(), static_cast<int>(rank));
 }
 
-// The out form's checks beyond check_common (real and Meta kernels): device, the promoted dtype, x's shape.
-inline void check_out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, at::ScalarType out_dtype) {
-  check_device(weight, "weight", x.device());
-  check_device(out, "out", x.device());
-  TORCH_CHECK_VALUE(out.scalar_type() == out_dtype, "opgym::rms_norm_out: out must have dtype ", out_dtype,
-                    " (torch's promotion of weight ", weight.scalar_type(), " and x ", x.scalar_type(), "), got ",
-                    out.scalar_type());
-  check_same_shape(x, out, "out", "rms_norm_out");
-}
+// Tags for an out= or in-place schema (`kind` "out" or "inplace"), pt2_compliant_tag included.
+// at::Tag::out and at::Tag::inplace are missing from some torch releases (2.11 has neither): the
+// tags are added where the enum has them, so one source builds against every supported torch.
+template <class T, class = void>
+struct HasOutTags : std::false_type {};
+template <class T>
+struct HasOutTags<T, std::void_t<decltype(T::out), decltype(T::inplace)>> : std::true_type {};
 
-// The in-place form's (real and Meta kernels): the output dtype must be x's own.
-inline void check_in_place(const at::Tensor& x, const at::Tensor& weight, at::ScalarType out_dtype) {
-  check_device(weight, "weight", x.device());
-  TORCH_CHECK_VALUE(out_dtype == x.scalar_type(), "opgym::rms_norm_: in place needs an output dtype equal to x's ",
-                    x.scalar_type(), ", but weight ", weight.scalar_type(), " promotes it to ", out_dtype,
-                    "; use opgym::rms_norm or rms_norm_out");
+template <class T = at::Tag>
+inline std::vector<at::Tag> tags_with(const char* kind) {
+  std::vector<at::Tag> tags{T::pt2_compliant_tag};
+  if constexpr (HasOutTags<T>::value) tags.push_back(std::string_view(kind) == "out" ? T::out : T::inplace);
+  return tags;
 }
 
 }  // namespace opgym_torch

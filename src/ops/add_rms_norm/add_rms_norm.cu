@@ -12,7 +12,6 @@
 #include "core/checks.hpp"
 #include "opgym/add_rms_norm.hpp"
 #include "core/cuda_dtypes.cuh"
-#include "opgym/cuda.hpp"
 #include "ops/add_rms_norm/kernel.hpp"
 
 namespace opgym::cuda {

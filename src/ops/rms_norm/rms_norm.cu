@@ -41,7 +41,7 @@
 #include "core/checks.hpp"
 #include "core/cuda_dtypes.cuh"
 #include "ops/rms_norm/kernel.hpp"
-#include "opgym/cuda.hpp"
+#include "opgym/rms_norm.hpp"
 
 namespace opgym::cuda {
 
@@ -423,18 +423,6 @@ const char* kernel_name(RmsNormKernel k) {
     case RmsNormKernel::block_row_smem: return "block_row_smem";
     default: return "block_row_global";
   }
-}
-
-int device_count(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    if (why) *why = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-    cudaGetLastError();  // not sticky: clear it so later launches report their own errors
-    return 0;
-  }
-  if (n == 0 && why) *why = "no CUDA device";
-  return n;
 }
 
 RmsNormPlan plan_rms_norm(const TensorView& x, const TensorView& weight, const TensorView& out, size_t max_smem) {

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "core/cuda_dtypes.cuh"
-#include "opgym/cuda.hpp"
+#include "opgym/rotary.hpp"
 #include "ops/rotary/kernel.hpp"
 
 namespace opgym::cuda {

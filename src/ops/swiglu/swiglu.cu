@@ -12,7 +12,7 @@
 #include <string>
 
 #include "core/cuda_dtypes.cuh"
-#include "opgym/cuda.hpp"
+#include "opgym/swiglu.hpp"
 #include "ops/swiglu/kernel.hpp"
 
 namespace opgym::cuda {

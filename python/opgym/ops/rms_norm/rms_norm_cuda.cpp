@@ -1,8 +1,8 @@
-// CUDA kernels for opgym's torch operators (schemas and CPU/Meta kernels: torch_ops.cpp). Each call
-// runs opgym::cuda::rms_norm on torch's current stream of x's device: no host synchronization, no
-// allocation but the functional form's output (from torch's caching allocator, so CUDA graph capture
-// and torch.compile(mode="reduce-overhead") work), no host-device copies. Argument checks and their
-// messages are the CPU kernels'; errors from the core (opgym::Error) become ValueError.
+// opgym::rms_norm's CUDA kernels (schemas and CPU/Meta kernels: rms_norm.cpp; the checks both share:
+// rms_norm.hpp). Each call runs opgym::cuda::rms_norm on torch's current stream of x's device: no host
+// synchronization, no allocation but the functional form's output (from torch's caching allocator, so
+// CUDA graph capture and torch.compile(mode="reduce-overhead") work), no host-device copies. Argument
+// checks and their messages are the CPU kernels'; errors from the core (opgym::Error) become ValueError.
 //
 // Built into opgym/_C.so only when the core has CUDA and torch was built with it (python/CMakeLists.txt).
 #include <ATen/ATen.h>
@@ -10,13 +10,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <cmath>
 #include <exception>
-#include <string>
 
-#include "opgym/cuda.hpp"
-#include "opgym/opgym.hpp"
-#include "torch_common.hpp"
+#include "csrc/torch_common.hpp"
+#include "opgym/rms_norm.hpp"
+#include "ops/rms_norm/rms_norm.hpp"
 
 namespace {
 
@@ -29,11 +27,8 @@ void run_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& o
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   try {
-    opgym::RmsNormOptions o;
-    o.eps = eps;
-    o.mode = opgym::parse_mode(std::string_view(mode.data(), mode.size()));
-    o.weight_offset = weight_offset;
-    opgym::cuda::rms_norm(view_of(x), view_of(weight), view_of(out), o, stream);
+    opgym::cuda::rms_norm(view_of(x), view_of(weight), view_of(out), rms_norm_options(eps, mode, weight_offset),
+                          stream);
   } catch (const opgym::Error& e) {
     TORCH_CHECK_VALUE(false, "opgym::", e.what(), " [argument: ", e.argument(), "]");
   } catch (const c10::Error&) {
@@ -47,8 +42,8 @@ void run_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& o
 
 at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                          bool weight_offset) {
-  const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
-  check_device(weight, "weight", x.device());
+  const at::ScalarType out_dtype = check_rms_norm(x, weight, eps, mode);
+  check_rms_norm_weight_device(x, weight);
   const c10::cuda::CUDAGuard guard(x.device());  // allocate on x's device
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(out_dtype).memory_format(at::MemoryFormat::Contiguous));
   run_cuda(x, weight, out, eps, mode, weight_offset);
@@ -57,14 +52,14 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double e
 
 at::Tensor& rms_norm_out_cuda(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                               bool weight_offset, at::Tensor& out) {
-  check_out(x, weight, out, check_common(x, weight, eps, mode));
+  check_rms_norm_out(x, weight, out, check_rms_norm(x, weight, eps, mode));
   run_cuda(x, weight, out, eps, mode, weight_offset);
   return out;
 }
 
 at::Tensor& rms_norm_inplace_cuda(at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                                   bool weight_offset) {
-  check_in_place(x, weight, check_common(x, weight, eps, mode));
+  check_rms_norm_in_place(x, weight, check_rms_norm(x, weight, eps, mode));
   run_cuda(x, weight, x, eps, mode, weight_offset);
   return x;
 }

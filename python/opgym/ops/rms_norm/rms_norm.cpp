@@ -1,5 +1,7 @@
-// opgym's torch operators: schemas (TORCH_LIBRARY), CPU kernels that call the C++ core on torch's
-// intra-op thread pool, and Meta kernels (shape + promoted dtype) for fake tensors / torch.compile.
+// opgym::rms_norm's torch operators (src/ops/rms_norm): schemas (TORCH_LIBRARY_FRAGMENT; the library
+// itself is csrc/library.cpp), CPU kernels that call the C++ core on torch's intra-op thread pool, Meta
+// kernels (shape + promoted dtype) for fake tensors / torch.compile, Autograd and ADInplaceOrView
+// kernels, and opgym_internal::bench_core. CUDA kernels: rms_norm_cuda.cpp; shared checks: rms_norm.hpp.
 //
 //   opgym::rms_norm(Tensor x, Tensor weight, float eps, str mode="hf", bool weight_offset=False) -> Tensor
 //   opgym::rms_norm_out(Tensor x, Tensor weight, float eps, str norm_mode="hf", bool weight_offset=False, *,
@@ -20,18 +22,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <mutex>
-#include <set>
-#include <thread>
-#include <type_traits>
-#include <vector>
-#include <exception>
 #include <string>
+#include <vector>
 
+#include "csrc/output_cache.hpp"
+#include "csrc/torch_common.hpp"
 #include "opgym/opgym.hpp"
-#include "output_cache.hpp"
-#include "torch_common.hpp"
+#include "ops/rms_norm/rms_norm.hpp"
 
 namespace {
 
@@ -41,11 +38,8 @@ using namespace opgym_torch;  // NOLINT(google-build-using-namespace): the share
 void run_core(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, double eps, c10::string_view mode,
               bool weight_offset) {
   translate_errors("rms_norm", [&] {
-    opgym::RmsNormOptions o;
-    o.eps = eps;
-    o.mode = opgym::parse_mode(std::string_view(mode.data(), mode.size()));
-    o.weight_offset = weight_offset;
-    opgym::rms_norm(view_of(x), view_of(weight), view_of(out), o, &aten_executor());
+    opgym::rms_norm(view_of(x), view_of(weight), view_of(out), rms_norm_options(eps, mode, weight_offset),
+                    &aten_executor());
   });
 }
 
@@ -53,8 +47,8 @@ void run_core(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& o
 
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                         bool weight_offset) {
-  const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
-  check_device(weight, "weight", x.device());
+  const at::ScalarType out_dtype = check_rms_norm(x, weight, eps, mode);
+  check_rms_norm_weight_device(x, weight);
   at::Tensor out = empty_output(x.sizes(), out_dtype);  // a freed output reused: output_cache.hpp
   run_core(x, weight, out, eps, mode, weight_offset);
   return out;
@@ -62,14 +56,14 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
 
 at::Tensor& rms_norm_out_cpu(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                              bool weight_offset, at::Tensor& out) {
-  check_out(x, weight, out, check_common(x, weight, eps, mode));
+  check_rms_norm_out(x, weight, out, check_rms_norm(x, weight, eps, mode));
   run_core(x, weight, out, eps, mode, weight_offset);
   return out;
 }
 
 at::Tensor& rms_norm_inplace_cpu(at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                                  bool weight_offset) {
-  check_in_place(x, weight, check_common(x, weight, eps, mode));
+  check_rms_norm_in_place(x, weight, check_rms_norm(x, weight, eps, mode));
   run_core(x, weight, x, eps, mode, weight_offset);
   return x;
 }
@@ -78,20 +72,20 @@ at::Tensor& rms_norm_inplace_cpu(at::Tensor& x, const at::Tensor& weight, double
 
 at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                          bool /*weight_offset*/) {
-  const at::ScalarType out_dtype = check_common(x, weight, eps, mode);
-  check_device(weight, "weight", x.device());
+  const at::ScalarType out_dtype = check_rms_norm(x, weight, eps, mode);
+  check_rms_norm_weight_device(x, weight);
   return at::empty_symint(x.sym_sizes(), x.options().dtype(out_dtype), at::MemoryFormat::Contiguous);
 }
 
 at::Tensor& rms_norm_out_meta(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                               bool /*weight_offset*/, at::Tensor& out) {
-  check_out(x, weight, out, check_common(x, weight, eps, mode));
+  check_rms_norm_out(x, weight, out, check_rms_norm(x, weight, eps, mode));
   return out;
 }
 
 at::Tensor& rms_norm_inplace_meta(at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
                                   bool /*weight_offset*/) {
-  check_in_place(x, weight, check_common(x, weight, eps, mode));
+  check_rms_norm_in_place(x, weight, check_rms_norm(x, weight, eps, mode));
   return x;
 }
 
@@ -179,21 +173,7 @@ at::Tensor& rms_norm_inplace_inplace_or_view(c10::DispatchKeySet ks, at::Tensor&
 
 }  // namespace
 
-// at::Tag::out and at::Tag::inplace are missing from some torch releases (2.11 has neither): the
-// tags are added where the enum has them, so one source builds against every supported torch.
-template <class T, class = void>
-struct HasOutTags : std::false_type {};
-template <class T>
-struct HasOutTags<T, std::void_t<decltype(T::out), decltype(T::inplace)>> : std::true_type {};
-
-template <class T = at::Tag>
-std::vector<at::Tag> tags_with(const char* kind) {
-  std::vector<at::Tag> tags{T::pt2_compliant_tag};
-  if constexpr (HasOutTags<T>::value) tags.push_back(std::string_view(kind) == "out" ? T::out : T::inplace);
-  return tags;
-}
-
-TORCH_LIBRARY(opgym, m) {
+TORCH_LIBRARY_FRAGMENT(opgym, m) {
   // Lvalues: an rvalue vector would bind to def's (schema, function) overload instead.
   const std::vector<at::Tag> out_tags = tags_with("out"), inplace_tags = tags_with("inplace");
   m.def("rms_norm(Tensor x, Tensor weight, float eps, str mode=\"hf\", bool weight_offset=False) -> Tensor",
@@ -238,6 +218,7 @@ namespace {
 double bench_core(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view impl, int64_t samples,
                   double sample_ms) {
   TORCH_CHECK_VALUE(x.device().is_cpu() && weight.device().is_cpu(), "opgym::bench_core: CPU tensors only");
+  check_rms_norm(x, weight, eps, "hf");
   TORCH_CHECK_VALUE(impl == "fused" || impl == "basic_ops" || impl == "dispatch",
                     "opgym::bench_core: impl must be fused, basic_ops or dispatch");
   TORCH_CHECK_VALUE(samples >= 1 && samples <= 1000, "opgym_internal::bench_core: samples must be 1 to 1000, got ", samples);
@@ -273,48 +254,9 @@ double bench_core(const at::Tensor& x, const at::Tensor& weight, double eps, c10
   std::nth_element(ns.begin(), ns.begin() + ns.size() / 2, ns.end());
   return ns[ns.size() / 2];
 }
-// How many distinct threads the core's executor inside torch really uses for n tasks: a build in
-// which at::parallel_for's OpenMP pragma was compiled out would answer 1 whatever set_num_threads says.
-constexpr int64_t kMaxProbeTasks = 4096;  // 200 us each: at most ~0.8 s of spinning on one thread
-int64_t parallel_probe(int64_t n) {
-  TORCH_CHECK_VALUE(n >= 1 && n <= kMaxProbeTasks, "opgym_internal::parallel_probe: n must be 1 to ", kMaxProbeTasks,
-                    " tasks, got ", n);
-  std::mutex m;
-  std::set<std::thread::id> ids;
-  aten_executor().parallel_for(n, 1, [&](int64_t b, int64_t e) {
-    const auto t0 = std::chrono::steady_clock::now();
-    while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(200 * (e - b))) {
-    }  // long enough that one thread cannot take every task before the others start
-    std::lock_guard<std::mutex> lk(m);
-    ids.insert(std::this_thread::get_id());
-  });
-  return static_cast<int64_t>(ids.size());
-}
 }  // namespace
 
-// Lets Python ask what this build has, without a pybind module.
-TORCH_LIBRARY_FRAGMENT(opgym, m) {
-  m.def("build_info() -> str", []() -> std::string {
-    return std::string("opgym ") + opgym::kVersion + "; cpu isa " + opgym::isa_name(opgym::active_cpu_isa()) +
-           "; cpu features: " + opgym::cpu_features() + "; swiglu exp: " + opgym::swiglu_exp_library() +
-           "; cuda operators: " + (OPGYM_EXT_CUDA ? "yes" : "no");
-  });
-}
-
-// Test, benchmark and maintenance helpers: a namespace of their own, so the public `opgym` one holds
-// only operators (and build_info); each checks its counts.
-TORCH_LIBRARY(opgym_internal, m) {
+// The C++ API timed in C++ for `opgym bench` (opgym_internal: csrc/library.cpp).
+TORCH_LIBRARY_FRAGMENT(opgym_internal, m) {
   m.def("bench_core(Tensor x, Tensor weight, float eps, str impl, int samples, float sample_ms) -> float", &bench_core);
-  m.def("parallel_probe(int n) -> int", &parallel_probe);
-  // The functional operators' output cache (output_cache.hpp): [limit, cached bytes, cached blocks,
-  // hits, misses]; a new limit in bytes (0: off); free every cached block.
-  m.def("output_cache_info() -> int[]", []() -> std::vector<int64_t> {
-    const OutputCacheInfo i = output_cache_info();
-    return {i.limit_bytes, i.cached_bytes, i.cached_blocks, i.hits, i.misses};
-  });
-  m.def("set_output_cache_limit(int bytes) -> ()", [](int64_t bytes) {
-    TORCH_CHECK_VALUE(bytes >= 0, "opgym: the output cache limit must be >= 0 bytes, got ", bytes);
-    set_output_cache_limit(bytes);
-  });
-  m.def("empty_output_cache() -> ()", &empty_output_cache);
 }

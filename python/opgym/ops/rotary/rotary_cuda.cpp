@@ -1,5 +1,5 @@
-// opgym::rotary's CUDA kernels (schemas and checks: rotary.cpp): opgym::cuda::rotary on torch's current
-// stream of q's device; outputs from torch's caching allocator (CUDA graphs work).
+// opgym::rotary's CUDA kernels (schemas: rotary.cpp; checks: rotary.hpp): opgym::cuda::rotary on
+// torch's current stream of q's device; outputs from torch's caching allocator (CUDA graphs work).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -7,16 +7,9 @@
 
 #include <tuple>
 
-#include "opgym/cuda.hpp"
-#include "opgym/opgym.hpp"
-#include "torch_common.hpp"
-
-namespace opgym_torch {
-void check_rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-                  c10::string_view mode, const c10::optional<at::IntArrayRef>& mrope_section, const char* op);
-opgym::RotaryOptions rotary_options(int64_t unsqueeze_dim, c10::string_view mode,
-                                    const c10::optional<at::IntArrayRef>& mrope_section);
-}  // namespace opgym_torch
+#include "csrc/torch_common.hpp"
+#include "opgym/rotary.hpp"
+#include "ops/rotary/rotary.hpp"
 
 namespace {
 

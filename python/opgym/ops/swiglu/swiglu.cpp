@@ -1,5 +1,5 @@
 // opgym::swiglu's torch operators (src/ops/swiglu): schemas, CPU, Meta and Autograd kernels. CUDA
-// kernels: swiglu_cuda.cpp.
+// kernels: swiglu_cuda.cpp; the checks both share: swiglu.hpp.
 //
 //   opgym::swiglu(Tensor gate, Tensor up) -> Tensor                  silu(gate) * up (on these very views)
 //   opgym::swiglu_merged(Tensor gate_up) -> Tensor                   gate_up = [..., gate | up], gate as
@@ -14,53 +14,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "csrc/output_cache.hpp"
+#include "csrc/torch_common.hpp"
 #include "opgym/opgym.hpp"
-#include "output_cache.hpp"
-#include "torch_common.hpp"
-
-namespace opgym_torch {
-
-// Checks that need no data (CPU, CUDA and Meta kernels); the core checks overlap before writing.
-void check_swiglu(const at::Tensor& gate, const at::Tensor& up, const char* op) {
-  check_tensor_arg(gate, "gate", op);
-  check_tensor_arg(up, "up", op);
-  TORCH_CHECK_VALUE(gate.dim() >= 1 && gate.dim() <= opgym::kMaxRank, "opgym::", op, ": gate must have rank 1 to ",
-                    opgym::kMaxRank, ", got ", gate.sym_sizes());
-  TORCH_CHECK_VALUE(up.scalar_type() == gate.scalar_type(), "opgym::", op, ": up must have gate's dtype ",
-                    gate.scalar_type(), ", got ", up.scalar_type());
-  TORCH_CHECK_VALUE(up.dim() == gate.dim(), "opgym::", op, ": up must have gate's shape ", gate.sym_sizes(), ", got ",
-                    up.sym_sizes());
-  for (int64_t d = 0; d < gate.dim(); ++d)
-    OPGYM_SYM_CHECK_VALUE(up.sym_size(d).sym_eq(gate.sym_size(d)), "opgym::", op, ": up must have gate's shape ",
-                          gate.sym_sizes(), ", got ", up.sym_sizes());
-  check_device(up, "up", gate.device(), op);
-}
-
-void check_swiglu_merged(const at::Tensor& gate_up, const char* op) {
-  check_tensor_arg(gate_up, "gate_up", op);
-  TORCH_CHECK_VALUE(gate_up.dim() >= 1 && gate_up.dim() <= opgym::kMaxRank, "opgym::", op,
-                    ": gate_up must have rank 1 to ", opgym::kMaxRank, ", got ", gate_up.sym_sizes());
-  OPGYM_SYM_CHECK_VALUE((gate_up.sym_size(-1) % 2).sym_eq(0), "opgym::", op,
-                        ": gate_up's last dim holds gate then up and must be even (2 * I), got ", gate_up.sym_sizes());
-}
-
-at::Tensor merged_out(const at::Tensor& gate_up) {
-  std::vector<c10::SymInt> shape(gate_up.sym_sizes().begin(), gate_up.sym_sizes().end());
-  shape.back() = shape.back() / 2;
-  return at::empty_symint(shape, gate_up.options());
-}
-
-// layout: how the silu this stands for saw gate (fp32 tails). swiglu(gate, up) is torch's silu(gate) *
-// up on the views it is given (a half of a [T, 2I] product: per-row tails, as HF's `.chunk(2, -1)`);
-// swiglu_merged(gate_up) stands for HF's separate gate_proj output (a contiguous gate).
-opgym::SwigluOptions swiglu_options(opgym::SiluLayout layout) {
-  opgym::SwigluOptions o;
-  o.torch_threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  o.silu_layout = layout;
-  return o;
-}
-
-}  // namespace opgym_torch
+#include "ops/swiglu/swiglu.hpp"
 
 namespace {
 
@@ -97,7 +54,7 @@ at::Tensor swiglu_meta(const at::Tensor& gate, const at::Tensor& up) {
 
 at::Tensor swiglu_merged_meta(const at::Tensor& gate_up) {
   check_swiglu_merged(gate_up, "swiglu_merged");
-  return merged_out(gate_up);
+  return swiglu_merged_out(gate_up);
 }
 
 at::Tensor swiglu_autograd(c10::DispatchKeySet ks, const at::Tensor& gate, const at::Tensor& up) {

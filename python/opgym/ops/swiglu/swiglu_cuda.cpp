@@ -1,19 +1,13 @@
-// opgym::swiglu's CUDA kernels (schemas and checks: swiglu.cpp): opgym::cuda::swiglu on torch's current
-// stream of gate's device; outputs from torch's caching allocator (CUDA graphs work).
+// opgym::swiglu's CUDA kernels (schemas: swiglu.cpp; checks: swiglu.hpp): opgym::cuda::swiglu on
+// torch's current stream of gate's device; outputs from torch's caching allocator (CUDA graphs work).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "opgym/cuda.hpp"
-#include "opgym/opgym.hpp"
-#include "torch_common.hpp"
-
-namespace opgym_torch {
-void check_swiglu(const at::Tensor& gate, const at::Tensor& up, const char* op);
-void check_swiglu_merged(const at::Tensor& gate_up, const char* op);
-at::Tensor merged_out(const at::Tensor& gate_up);
-}  // namespace opgym_torch
+#include "csrc/torch_common.hpp"
+#include "opgym/swiglu.hpp"
+#include "ops/swiglu/swiglu.hpp"
 
 namespace {
 
@@ -31,7 +25,7 @@ at::Tensor swiglu_cuda(const at::Tensor& gate, const at::Tensor& up) {
 at::Tensor swiglu_merged_cuda(const at::Tensor& gate_up) {
   check_swiglu_merged(gate_up, "swiglu_merged");
   const c10::cuda::CUDAGuard guard(gate_up.device());
-  at::Tensor out = merged_out(gate_up);
+  at::Tensor out = swiglu_merged_out(gate_up);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(gate_up.device().index()).stream();
   translate_errors("swiglu_merged", [&] { opgym::cuda::swiglu_merged(view_of(gate_up), view_of(out), stream); });
   return out;

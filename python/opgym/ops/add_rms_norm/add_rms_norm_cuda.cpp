@@ -1,5 +1,6 @@
-// opgym::add_rms_norm's CUDA kernels (schemas and checks: add_rms_norm.cpp): opgym::cuda::add_rms_norm
-// on torch's current stream of x's device; outputs from torch's caching allocator (CUDA graphs work).
+// opgym::add_rms_norm's CUDA kernels (schemas: add_rms_norm.cpp; checks: add_rms_norm.hpp):
+// opgym::cuda::add_rms_norm on torch's current stream of x's device; outputs from torch's caching
+// allocator (CUDA graphs work).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -7,16 +8,9 @@
 
 #include <tuple>
 
-#include "opgym/cuda.hpp"
-#include "opgym/opgym.hpp"
-#include "torch_common.hpp"
-
-namespace opgym_torch {
-at::ScalarType check_add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
-                                  c10::string_view mode, const char* op);
-opgym::RmsNormOptions add_rms_norm_options(double eps, c10::string_view mode, bool weight_offset);
-void check_add_rms_norm_in_place(const at::Tensor& x, at::ScalarType out_dtype);
-}  // namespace opgym_torch
+#include "csrc/torch_common.hpp"
+#include "opgym/add_rms_norm.hpp"
+#include "ops/add_rms_norm/add_rms_norm.hpp"
 
 namespace {
 
