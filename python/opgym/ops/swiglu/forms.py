@@ -17,6 +17,7 @@ vectorized conversion gives 0xFFFF (bf16) or keeps the payload (fp16).
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Callable
@@ -31,20 +32,36 @@ from ...guard import FUSED_DTYPES, fingerprint, has_hooks
 
 # act_fn classes whose forward is F.silu(input), verified: transformers 5.23's SiLUActivation.
 SILU_FINGERPRINTS = {"b3b9c87d0aff49a2"}
+# act_fn classes whose forward is `return self.act(input)` (transformers 5.23's GELUTanh and
+# GELUActivation): what they compute is then their `act` attribute, checked as well.
+ACT_ATTR_FINGERPRINTS = {"b3eb761c05fc87c4"}
 
-SUPPORTED_ACTS = ("silu",)
+SUPPORTED_ACTS = ("silu", "gelu_tanh")
+
+
+def _gelu_tanh_function(f) -> bool:
+    """f is functools.partial(F.gelu, approximate="tanh") and nothing else."""
+    return (isinstance(f, functools.partial) and f.func is F.gelu and not f.args
+            and f.keywords == {"approximate": "tanh"})
 
 
 def act_kind(act) -> str | None:
-    """The activation `act` computes, when opgym has verified it ("silu"), else None."""
+    """The activation `act` computes, when opgym has verified it ("silu", "gelu_tanh"), else None."""
     if act is F.silu:  # the function itself (Lfm2-MoE's experts hold it)
         return "silu"
+    if _gelu_tanh_function(act):
+        return "gelu_tanh"
     if not isinstance(act, nn.Module) or has_hooks(act):
         return None
     if type(act) is nn.SiLU:
         return None if getattr(act, "inplace", False) else "silu"
-    if fingerprint(type(act).forward) in SILU_FINGERPRINTS:
+    if type(act) is nn.GELU:
+        return "gelu_tanh" if act.approximate == "tanh" else None
+    fp = fingerprint(type(act).forward)
+    if fp in SILU_FINGERPRINTS:
         return "silu"
+    if fp in ACT_ATTR_FINGERPRINTS and "act" in vars(act) and _gelu_tanh_function(vars(act)["act"]):
+        return "gelu_tanh"  # GELUTanh (gelu_pytorch_tanh)
     return None
 
 
@@ -53,17 +70,23 @@ def act_reason(act) -> str | None:
     if act_kind(act) in SUPPORTED_ACTS:
         return None
     name = getattr(act, "__name__", None) or type(act).__name__
-    return f"act_fn is {name}, not an activation opgym has verified (SiLU)"
+    return f"act_fn is {name}, not an activation opgym has verified (SiLU, GELU with the tanh approximation)"
 
 
 def pair_op(kind: str):
-    """act(gate) * up on two tensors of one shape (any strides: torch's silu on those very views)."""
-    return torch.ops.opgym.swiglu.default
+    """act(gate) * up on two tensors of one shape (any strides: torch's activation on those very views)."""
+    op = torch.ops.opgym.swiglu.default
+    if kind == "silu":
+        return op
+    return lambda gate, up: op(gate, up, activation=kind)
 
 
 def merged_op(kind: str):
     """act(gate) * up on [.., gate | up], gate standing for a separate (contiguous) gate_proj output."""
-    return torch.ops.opgym.swiglu_merged.default
+    op = torch.ops.opgym.swiglu_merged.default
+    if kind == "silu":
+        return op
+    return lambda gate_up: op(gate_up, activation=kind)
 
 
 # ---- the Linears ------------------------------------------------------------------------------------
@@ -233,6 +256,14 @@ def _clamped_swiglu_limit(self, op, x):
     return self.down_proj(op(gate, up))
 
 
+def _dropout_between(self, op, x):
+    # T5Gemma2MLP: hidden_states = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+    hidden_states = op(self.gate_proj(x), self.up_proj(x))
+    hidden_states = self.dropout(hidden_states)
+    down_proj = self.down_proj(hidden_states)
+    return down_proj
+
+
 def _seed_oss_tail(self, y):
     # down_proj = nn.functional.dropout(down_proj, p=self.residual_dropout, training=self.training)
     return nn.functional.dropout(y, p=self.residual_dropout, training=self.training)
@@ -246,6 +277,10 @@ FORMS = {
     "2c2e006200b009b0": Separate(label="vision"),
     # the same, returned directly: IdeficsMLP, Idefics2MLP
     "75f0339ab5b9a427": Separate(label="idefics"),
+    # gate = act_fn(gate_proj(h)); down_proj(gate * up_proj(h)): RecurrentGemmaMlp (GELUTanh, biases)
+    "9ca83dba402d518e": Separate(label="recurrent_gemma"),
+    # act_fn(gate_proj(x)) * up_proj(x), self.dropout, down_proj: T5Gemma2MLP (GELUTanh)
+    "46f976adb7259fc6": Statements(_dropout_between, "dropout before down_proj (t5gemma2)"),
     # activation_fn, the product into a local first: Llama4TextMLP
     "7fd7c24f73b67fc8": Separate(act="activation_fn", label="llama4"),
     # w2(F.silu(w1(x)) * w3(x)): Lfm2MLP, Lfm2MoeMLP, Lfm3MLP, Lfm3VlVisionMLP

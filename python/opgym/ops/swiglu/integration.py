@@ -1,14 +1,17 @@
 """Gated MLPs in HF models (opgym.patch's op "swiglu"; switch OPGYM_SWIGLU): `act(gate) * up` becomes
-one torch.ops.opgym call, and where gate and up are separate Linears, one GEMM for both (merged weights).
+one torch.ops.opgym call (act: SiLU, or GELU with the tanh approximation: Gemma's GeGLU), and where gate
+and up are separate Linears, one GEMM for both (merged weights).
 
 Which modules, and how the structure is proven: a module is served only when its class's forward is,
 statement for statement, one opgym has verified (forms.FORMS, by fingerprint: transformers 5.23's
 separate gate/up MLPs (Qwen2MLP, which Qwen2.5-VL's text model, Qwen3, Llama, Mistral and ~120 types
 share; Qwen2_5_VLMLP with biases; Idefics, Llama-4, LFM2, Seed-OSS), gate and up in one chunked Linear
 (Phi-3, GLM, GLM-4, Granite-MoE-Hybrid), and forms with statements of their own (Falcon-H1's multipliers,
-Beam's fp32 product, DeepSeek-V4's and GLM-5-Next's clamped inputs, GLM-4V-MoE's patch merger)), or an
-experts module of the MoE forms experts.py verifies; its activation is one opgym verified (forms.act_kind:
-nn.SiLU, transformers' SiLUActivation, F.silu; no hooks), and its Linears are plain nn.Linear (not a
+Beam's fp32 product, DeepSeek-V4's and GLM-5-Next's clamped inputs, GLM-4V-MoE's patch merger, T5Gemma-2's
+dropout)), or an experts module of the MoE forms experts.py verifies; its activation is one opgym verified
+(forms.act_kind: nn.SiLU, transformers' SiLUActivation, F.silu; transformers' GELUTanh (its `act` a
+partial of F.gelu with approximate="tanh") or nn.GELU("tanh"): the Gemma family, RecurrentGemma,
+VaultGemma, PaliGemma's text model; no hooks), and its Linears are plain nn.Linear (not a
 subclass: quantized and LoRA-wrapped Linears fall outside) of one dtype and device, with no hooks.
 Anything else is left alone; `handle.skipped` gives the reason (forms.KNOWN_UNSERVED names the gated
 forms opgym knows and does not fuse).
@@ -146,6 +149,11 @@ def swiglu_mlps(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
 def separate_linears(mlp: nn.Module):
     """(gate, up, down) Linears of a module swiglu_mlps returned."""
     return FORMS[fingerprint(type(mlp).forward)].linears(mlp)
+
+
+def activation_of(mlp: nn.Module) -> str:
+    """"silu" or "gelu_tanh": the activation of a module swiglu_mlps returned."""
+    return act_kind(FORMS[fingerprint(type(mlp).forward)].act_of(mlp))
 
 
 def apply(model: nn.Module, handle, devices) -> None:
