@@ -65,11 +65,19 @@ def act_kind(act) -> str | None:
     return None
 
 
+def _exact_gelu(act) -> bool:
+    f = vars(act).get("act") if isinstance(act, nn.Module) else act
+    return f is F.gelu or (type(act) is nn.GELU and act.approximate == "none")
+
+
 def act_reason(act) -> str | None:
     """Why `act` cannot be fused, or None."""
     if act_kind(act) in SUPPORTED_ACTS:
         return None
     name = getattr(act, "__name__", None) or type(act).__name__
+    if _exact_gelu(act):  # measured: src/ops/swiglu/README.md
+        return (f"act_fn is {name}, the exact (erf) GELU: torch computes it with oneDNN's eltwise_gelu_erf on "
+                "contiguous inputs, which opgym does not reproduce")
     return f"act_fn is {name}, not an activation opgym has verified (SiLU, GELU with the tanh approximation)"
 
 
@@ -319,7 +327,8 @@ KNOWN_UNSERVED = {
     "74055eac4e05c8cc": "gate and up in one Linear in the order (up, gate), with a LayerNorm and dropouts "
                         "(Phi-4-multimodal's audio MLP): not served yet",
     "0f5fdf2acae66a6e": "gate_up plus a per-layer adapter, GELU (Zamba2): not served",
-    "cb5d6c90b6450b32": "GeGLU with exact GELU (ModernBERT decoder): not served",
+    "cb5d6c90b6450b32": "GeGLU with the exact (erf) GELU (ModernBERT decoder): torch runs oneDNN's gelu_erf, "
+                        "not reproduced",
     "f3b1f4c84d8fe5ac": "two weight modes chosen by config (xLSTM): not served",
     "763f98d50336b469": "softcapped SwiGLU experts (Inkling-2): not silu(gate) * up",
     "a55431077e5da58f": "clamped SwiGLU with alpha on interleaved gate/up, biases (GPT-OSS experts): not silu(gate) * up",
