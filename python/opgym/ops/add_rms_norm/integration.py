@@ -178,10 +178,13 @@ def _take(stash: _Stash, prev: nn.Module, layer: nn.Module):
     return take
 
 
-def _chain_out(next_add_norm, stash: _Stash, nxt: nn.Module):
-    """chain_out(a, b) -> a + b, leaving the next layer's norm of the sum in the stash."""
+def _chain_out(next_add_norm, stash: _Stash, layer: nn.Module, nxt: nn.Module):
+    """chain_out(a, b) -> a + b, leaving the next layer's norm of the sum in the stash; HF's own add when
+    the next layer could not take it (a hook between the two, as HF's output recorders install on
+    some towers: the norm would be computed twice) and under torch.compile."""
     def chain_out(a, b):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or layer._forward_hooks or nxt._forward_pre_hooks or _global_hooks():
+            stash.clear()
             return a + b
         normed, s = next_add_norm(a, b)
         stash.put(s, normed, nxt)
@@ -295,7 +298,7 @@ def apply(model: nn.Module, handle, devices) -> None:
         pl, stash_in = prv.get(id(layer), (None, None))
         take = _take(stash_in, pl, layer) if chained(pl, layer) else None
         nl, stash_out = nxt.get(id(layer), (None, None))
-        out = _chain_out(_make_add_norm(input_norm(nl), counters, devices), stash_out, nl) \
+        out = _chain_out(_make_add_norm(input_norm(nl), counters, devices), stash_out, layer, nl) \
             if chained(layer, nl) else None
         fn = compile_forward(type(layer), form, take is not None, out is not None)
         handle.replace_forward(layer, "add_rms_norm", name,
