@@ -172,3 +172,106 @@ def test_form_bit_identical_counted_and_falls_back(model_type, monkeypatch):
     # undone: the model is HF's again
     for name, m in model.named_modules():
         assert "forward" not in m.__dict__, name
+
+
+@pytest.mark.parametrize("model_type", ["granite", "gemma2", "lfm2"])
+def test_compiled_fused_forms_fullgraph_bit_identical(model_type):
+    """The rewritten forwards trace whole under torch.compile (the stash left out): Granite's scaled
+    residual, Gemma-2's pre_feedforward_layernorm, LFM2's `h + feed_forward(ffn_norm(h))`."""
+    import torch._dynamo
+
+    from conftest import graph_recorder
+
+    model, config, kind = build.build(model_type)
+    x = runner._inputs(model_type, model, config, kind, 0, {})[0]
+    ref = _run(model, x)[0]
+    backend, graphs = graph_recorder()
+    torch._dynamo.reset()
+    with opgym.patch(model, ops=("add_rms_norm",)) as handle, torch.no_grad():
+        assert handle.patched_by_op["add_rms_norm"]
+        got = runner._output(torch.compile(model, fullgraph=True, backend=backend)(**x))[1]
+    assert len(graphs) == 1
+    layers = len(handle.patched_by_op["add_rms_norm"])
+    assert graphs[0].count("torch.ops.opgym.add_rms_norm") == layers  # one per layer, no chaining
+    assert runner.count_differ(ref, got) == 0
+
+
+def test_deepcopy_of_a_patched_form_computes_with_its_own_norms():
+    """A deep copy's fused layers use the copy's norms and stash (Gemma-2's form, chained)."""
+    import copy
+
+    model, config, kind = build.build("gemma2")
+    x = runner._inputs("gemma2", model, config, kind, 0, {})[0]
+    with opgym.patch(model, ops=("add_rms_norm",)) as handle:
+        twin = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, p in twin.named_parameters():
+                if name.endswith("layernorm.weight"):
+                    p.mul_(1.5)
+        handle.reset_stats()
+        got = _run(twin, x)[0]
+        assert handle.stats()["ops"]["add_rms_norm"]["fused"] > 0
+    for m in twin.modules():
+        m.__dict__.pop("forward", None)
+        m.__dict__.pop("_opgym_patched", None)
+    assert runner.count_differ(_run(twin, x)[0], got) == 0  # the copy, unpatched: HF on its own weights
+    assert runner.count_differ(_run(model, x)[0], got) != 0
+
+
+def test_a_skipped_layer_does_not_take_its_neighbours_norm():
+    """The stash is addressed to the next layer: a model that skips layer 1 (as Mllama skips its
+    cross-attention layers without images) hands layer 0's sum to layer 2, which must norm it with
+    its own input_layernorm, not take layer 1's."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg).eval().to(torch.bfloat16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight"):
+                p.copy_(1 + 0.5 * torch.randn_like(p))
+    layers = model.model.layers
+    ids = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(9)[None]
+
+    @torch.no_grad()
+    def layers_0_and_2():
+        h = model.model.embed_tokens(ids)
+        pe = model.model.rotary_emb(h, pos)
+        h = layers[0](h, position_embeddings=pe, position_ids=pos)
+        return layers[2](h, position_embeddings=pe, position_ids=pos)
+
+    ref = layers_0_and_2()
+    with opgym.patch(model, ops=("add_rms_norm",)) as handle:
+        got = layers_0_and_2()
+        assert handle.stats()["ops"]["add_rms_norm"]["fused"] == 3  # 2 post-attention, layer 0's chained add
+    assert torch.equal(got, ref)
+
+
+def test_fused_source_is_hf_statements_with_the_pair_replaced():
+    """What the rewrite makes of the Llama form (rewrite.fused_source), and a form whose data does not
+    match its code is refused, not fused."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2DecoderLayer
+
+    from opgym.ops.add_rms_norm import rewrite
+    from opgym.ops.add_rms_norm.forms import Form
+
+    src = rewrite.fused_source(LlamaDecoderLayer, FORMS["40dc1b2a48a8e879"], chain_in=False, chain_out=False)
+    body = [line.strip() for line in src.splitlines()[1:]]
+    assert body == [
+        "residual = hidden_states",
+        "hidden_states = self.input_layernorm(hidden_states)",
+        "hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask, "
+        "position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache, "
+        "position_embeddings=position_embeddings, **kwargs)",
+        "hidden_states, residual = _opgym_add_norm(residual, hidden_states)",
+        "hidden_states = self.mlp(hidden_states)",
+        "hidden_states = residual + hidden_states",
+        "return hidden_states",
+    ]
+    wrong = Form(fingerprint(Olmo2DecoderLayer.forward), "post_attention_layernorm")
+    with pytest.raises(rewrite.FormMismatch):
+        rewrite.compile_forward(Olmo2DecoderLayer, wrong, False, False)

@@ -239,7 +239,7 @@ def _skip_reason(layer: nn.Module, why: str | None) -> str:
     if why is not None:
         return why
     if not any(is_rms_norm(m) for m in layer.children()):
-        return "no RMSNorm among its norms (add_rms_norm fuses a residual add with an RMSNorm)"
+        return "no RMSNorm among its norms (the op fuses a residual add with an RMSNorm)"
     return "forward not one opgym has verified"
 
 
@@ -252,7 +252,8 @@ def _candidate(name, layer, form, handle, verdicts) -> str | None:
         return f"{cls.__name__}: an accelerate offloading hook sits on it or a submodule (add_rms_norm)"
     norm = getattr(layer, form.fuse, None)
     if not isinstance(norm, nn.Module) or not is_rms_norm(norm):
-        return f"{cls.__name__}: {form.fuse} is {type(norm).__name__}, not an RMSNorm (add_rms_norm)"
+        return (f"{cls.__name__}: {form.fuse} is {type(norm).__name__}, not an RMSNorm opgym computes (a leaf "
+                f"with a 1-D weight, an eps and no bias) (add_rms_norm)")
     why = norm_verdict(norm, verdicts)
     if why is not None:
         return f"{cls.__name__}: {form.fuse}: {why} (add_rms_norm)"
