@@ -70,6 +70,10 @@ FORM_TYPES = {
     "1fbb7fc977cd3213": ("ovis2",),
     "490352e976f9d7bd": ("recurrent_gemma",),
     "79425af3ddbff87c": ("minimax",),
+    "2ddaa83f9916b0ec": ("t5gemma2",),
+    "b86fd9924e0ed290": ("t5gemma2",),
+    "025d9421b3272741": ("idefics",),
+    "c42b7109deb7b1b3": ("idefics",),
 }
 TYPES = sorted({t for ts in FORM_TYPES.values() for t in ts})
 # Calls the op leaves to HF, by design: a vision tower whose patch embedding is a transposed view feeds
@@ -79,6 +83,22 @@ EXPECTED_FALLBACKS = {"ovis2": {"last dim not contiguous"}}
 # qwen3_vl's deepstack adds image features to a clone of the sum after layer 0. Per forward.
 EXPECTED_UNTAKEN = {"qwen3_vl": 1}
 SWITCH = "OPGYM_ADD_RMS_NORM"
+
+
+def _idefics_inputs(config):  # image features instead of pixels (what coverage does not give it)
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(1, 1, 5, config.vision_config.embed_dim, generator=g)
+    return dict(build.text_inputs(config), image_encoder_embeddings=emb,
+                image_attention_mask=torch.ones(1, build.SEQ, 1, dtype=torch.long))
+
+
+def _t5gemma2_inputs(config):  # an encoder-decoder: the decoder's ids too
+    ids = build.text_inputs(config)
+    return dict(ids, decoder_input_ids=ids["input_ids"])
+
+
+# Types whose forward needs more than `opgym coverage` gives it.
+INPUTS = {"idefics": _idefics_inputs, "t5gemma2": _t5gemma2_inputs}
 
 
 def test_every_form_has_a_type_and_no_form_is_also_skipped():
@@ -130,7 +150,10 @@ def test_form_bit_identical_counted_and_falls_back(model_type, monkeypatch):
     forms = {fp for fp, ts in FORM_TYPES.items() if model_type in ts}
     untaken = EXPECTED_UNTAKEN.get(model_type, 0)
     model, config, kind = build.build(model_type)
-    inputs = runner._inputs(model_type, model, config, kind, 0, {})[0]
+    if model_type in INPUTS:
+        inputs = INPUTS[model_type](config)
+    else:
+        inputs = runner._inputs(model_type, model, config, kind, 0, {})[0]
     for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
         model.to(dtype)
         x = _cast(inputs, dtype)

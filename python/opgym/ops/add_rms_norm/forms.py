@@ -91,12 +91,23 @@ FORMS = _forms(
     Form("118b2271774d7c14", "post_attention_layernorm", chain_in="input_latents_norm", where="Idefics2PerceiverLayer"),
     Form("805793e3ab258f6e", "ffn_norm", chain_in="attention_norm", where="PixtralAttentionLayer"),
     # h = h + residual; h = h + feed_forward(ffn_norm(h))
-    Form("d0d122b1438f7c2c", "ffn_norm", chain_in="operator_norm", where="Lfm2/Lfm2Moe DecoderLayer, Lfm3VlVisionLayer"),
+    Form("d0d122b1438f7c2c", "ffn_norm", chain_in="operator_norm",
+         where="Lfm2/Lfm2Moe DecoderLayer, Lfm3VlVisionLayer"),
     Form("e68b83153fbdea73", "ffn_norm", chain_in="operator_norm", where="Lfm3DecoderLayer"),
     # the norm's output under another name: h = h + attn; n = rms_norm2(h)
     Form("1fbb7fc977cd3213", "rms_norm2", chain_in="rms_norm1", where="Ovis2VisionEncoderLayer"),
     Form("490352e976f9d7bd", "channel_pre_norm", chain_in=None, chain_out=False,
          where="RecurrentGemmaDecoderLayer (its input norm is of an alias: not chained)"),
+    # T5Gemma-2 encoder and decoder layers: residual + dropout(post_self_attn_layernorm(attn))
+    Form("2ddaa83f9916b0ec", "pre_feedforward_layernorm", chain_in="pre_self_attn_layernorm",
+         where="T5Gemma2EncoderLayer"),
+    Form("b86fd9924e0ed290", "pre_feedforward_layernorm", chain_in="pre_self_attn_layernorm",
+         where="T5Gemma2DecoderLayer"),
+    # IDEFICS: decoder and gated cross-attention layers sit in two lists the model interleaves, so
+    # neither list's neighbours see each other's sums: not chained
+    Form("025d9421b3272741", "post_attention_layernorm", chain_in=None, chain_out=False, where="IdeficsDecoderLayer"),
+    Form("c42b7109deb7b1b3", "post_attention_layernorm", chain_in=None, chain_out=False,
+         where="IdeficsGatedCrossAttentionLayer (tanh(alpha) * h)"),
     # post-norm of a scaled sum: h = residual * alpha + h * beta; h = norm(h); residual = h
     Form("79425af3ddbff87c", "post_attention_layernorm", where="MiniMaxDecoderLayer"),
 )
@@ -134,13 +145,9 @@ SKIPS = {
                          "and is not the residual"),  # Zamba2MambaDecoderLayer
     "24730edf1d323f75": "the norm is of the conv output, and the residual add is the block's last statement",
     "11b8fc4b1fd5f628": ("the attention branch ends in a causal conv (attn_sconv) whose output's last dim is not "
-                         "contiguous: the op would refuse every add (HF's sum keeps that layout)"),  # InklingDecoderLayer
+                         "contiguous: the op would refuse every add (HF's sum keeps that layout)"),  # Inkling
     "fc4f8aa376df492a": "parallel attention and MLP from one LayerNorm: no add is followed by a norm",  # Cohere2
     "ccf75d3ea14378fd": "parallel attention and MLP from one LayerNorm: no add is followed by a norm",  # Cohere
-    # forms with the fused shape whose tiny models do not run in opgym coverage: no run proves them
-    "025d9421b3272741": "not verified by a run (the tiny idefics model needs images coverage does not give)",
-    "c42b7109deb7b1b3": "not verified by a run (the tiny idefics model needs images coverage does not give)",
-    "2ddaa83f9916b0ec": "not verified by a run (the tiny t5gemma2 encoder-decoder does not run in coverage)",
-    "b86fd9924e0ed290": "not verified by a run (the tiny t5gemma2 encoder-decoder does not run in coverage)",
-    "eae5f294ed51af78": "not verified by a run (the tiny xlstm model does not run in coverage)",
+    # a form with the fused shape that no tiny model runs (so no test proves it)
+    "eae5f294ed51af78": "not verified by a run (the tiny xLSTM model of opgym coverage does not run)",  # xLSTMBlock
 }

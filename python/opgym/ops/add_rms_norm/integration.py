@@ -6,7 +6,7 @@ Which layers, and how the structure is proven: a layer is fused only when its cl
 statement for statement, one that opgym has verified: its fingerprint (the AST, docstring,
 annotations and decorators left out, hashed) is a form of forms.FORMS, which names the norms of a
 residual sum (`fuse`) and whether the layer's first and last statements can join its neighbours'
-(`chain_in`, `chain_out`). transformers 5.23 has 48 such forms: the Llama/Qwen/Mistral body (85 model
+(`chain_in`, `chain_out`). transformers 5.23 has 50 such forms: the Llama/Qwen/Mistral body (85 model
 types), the Qwen2.5-VL-style vision block, Gemma-2/3/4's pre_feedforward_layernorm, GLM-4's extra
 norms, Granite's scaled residuals, MoE and hybrid layers, ... The fused forward is HF's own AST with
 those statements replaced (rewrite.py). Forms known not to have an add followed by a norm of the sum
