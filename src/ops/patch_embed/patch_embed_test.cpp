@@ -28,10 +28,13 @@ const DType kDtypes[] = {DType::float32, DType::float16, DType::bfloat16};
 
 enum class Kind { normal, cancel, tiny, special };
 
-// [rows, n] of dtype t. normal: N(0, s^2) with per-element exponents spread over 2^-6..2^6; cancel: the
-// first kernel position's values large and the last position's the same (their weights opposite, see
-// weight_like), so partial sums are large and the result small; tiny: magnitudes near 2^-63 (products near
-// the fp32 denormal range); special: a few NaN/inf among normals.
+// [rows, n] of dtype t. normal: N(0, s^2) with per-element exponents spread over 2^-6..2^6; cancel: at every
+// kernel position channels 0 and 1 give products +B and -B (B = 2^18..2^21, powers of two: x = 2^10, the
+// weights +-2^(8..11)) and the other channels products near 1: the accumulator is a small sum with fraction
+// bits that each +B/-B pair snaps to B's ulp, differently by the order of the two (the binade of c+B is not
+// the one of c-B) and by the AMX form's separate even/odd sums, so every order gives its own bits on most
+// outputs; tiny: magnitudes near 2^-63 (products near the fp32 denormal range); special: a few NaN/inf
+// among normals.
 Buffer values(int64_t rows, int64_t n, int64_t npos, DType t, uint64_t seed, Kind kind, bool is_weight) {
   Buffer b = cases::make_buffer({rows, n}, t);
   std::mt19937_64 g(seed);
@@ -41,12 +44,10 @@ Buffer values(int64_t rows, int64_t n, int64_t npos, DType t, uint64_t seed, Kin
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < ic; ++c)
       for (int64_t p = 0; p < npos; ++p) {
-        float v = z(g) * std::ldexp(1.0f, e(g));
+        float v = z(g) * std::ldexp(1.0f, kind == Kind::cancel ? e(g) / 3 : e(g));
         if (kind == Kind::tiny) v = z(g) * std::ldexp(1.0f, et(g));
-        if (kind == Kind::cancel && (p == 0 || p == npos - 1)) {
-          if (is_weight) v = (p == 0 ? 1.0f : -1.0f) * bf16_to_f32(f32_to_bf16(std::ldexp(1.0f + 0.37f * float(c), 3)));
-          else v = 1024.0f * float(1 + (r + c) % 5);
-        }
+        if (kind == Kind::cancel && c < 2 && ic > 2)
+          v = is_weight ? (c == 0 ? 1.0f : -1.0f) * std::ldexp(1.0f, 8 + static_cast<int>(p % 4)) : 1024.0f;
         if (kind == Kind::special && (r * 7 + c * 3 + p) % 997 == 5) v = (p % 2 ? 1.0f : -1.0f) * INFINITY;
         if (kind == Kind::special && (r * 11 + p) % 1499 == 7) v = NAN;
         store_from_f32(t, b.bytes.data(), r * n + c * npos + p, v);
