@@ -86,7 +86,8 @@ def test_fused_path_taken_on_cpu(tiny_report):
     assert rep["opgym"]["opgym_op_calls"] == rep["opgym"]["rms_norm_calls_per_prefill"]
     assert rep["baseline"]["opgym_op_calls"] == 0
     per_op = rep["calls"]["per_op"]
-    assert set(per_op) == {"rms_norm", "add_rms_norm", "rotary", "swiglu"}
+    assert set(per_op) == {"rms_norm", "add_rms_norm", "rotary", "swiglu", "patch_embed"}
+    assert per_op["patch_embed"]["fused"] > 0 and per_op["patch_embed"]["fallback"] == 0
     assert per_op["rotary"]["fused"] > 0 and per_op["rotary"]["fallback"] == 0
     assert per_op["swiglu"]["fused"] > 0 and per_op["swiglu"]["fallback"] == 0
     assert per_op["add_rms_norm"]["fused"] > 0 and per_op["add_rms_norm"]["fallback"] == 0
@@ -175,11 +176,12 @@ def test_table_printed(tiny_report):
 
 def test_env_switch_off_gives_identical_logits(tmp_path):
     """Control for the agreement figures: with the fused paths switched off (OPGYM_RMS_NORM=0,
-    OPGYM_ADD_RMS_NORM=0, OPGYM_ROTARY=0, OPGYM_SWIGLU=0) the
+    OPGYM_ADD_RMS_NORM=0, OPGYM_ROTARY=0, OPGYM_SWIGLU=0, OPGYM_PATCH_EMBED=0) the
     patched model runs HF's own forward, every call is a fallback and the logits are bit-identical."""
     out = tmp_path / "r.json"
     r = opgym_run(*TINY, *ONE_THREAD, "--report", str(out), env={"OPGYM_RMS_NORM": "0", "OPGYM_ADD_RMS_NORM": "0",
-                                                                 "OPGYM_ROTARY": "0", "OPGYM_SWIGLU": "0"})
+                                                                 "OPGYM_ROTARY": "0", "OPGYM_SWIGLU": "0",
+                                                                 "OPGYM_PATCH_EMBED": "0"})
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(out.read_text())
     assert rep["calls"]["fused"] == 0 and rep["calls"]["fallback"] > 0

@@ -8,14 +8,14 @@ the module's channel/patch attributes; no hooks. Anything else is left alone and
 Admission is by bits, per call signature: oneDNN picks its convolution kernel - and so its reduction order
 - by the number of patches P (on an AMX CPU the bf16 conv runs an AMX kernel from P = 12 and a VDPBF16PS
 chain below), so a verdict is kept per (dtype, P, threads, bias or not, the weight as packed). The first
-call of a new signature runs HF's own conv on its input (that call's result is HF's) and compares it, bit
-for bit, with each form the op has for the dtype (bf16: amx_tile, dot_pairs, fma_chain; fp32/fp16:
+call of a new signature runs HF's own conv on its input and compares it, bit for bit, with each form the op has for the dtype (bf16: amx_tile, dot_pairs, fma_chain; fp32/fp16:
 fma_chain) and F.linear. On real inputs the forms agree on most outputs (at P = 16, 2 of 20,480 tell them
 apart; at P <= 11 often none), so a second input of the same P decides, built so that every rounding shows
 (+B/-B product pairs at each kernel position around a small accumulator, on a synthetic weight of the
 module's shape, dtype and strides, through the module's own Conv3d): there every form and F.linear differ
 from each other on most outputs. A form is admitted only when it gives the conv's bits on the call's input
-and, alone, on the second. No form (bf16 on a CPU without AVX-512, where torch
+and, alone, on the second; that first call then returns the admitted form's output (counted as served:
+it is HF's bits, just checked) or HF's own (counted as a fallback with the reason). No form (bf16 on a CPU without AVX-512, where torch
 runs ATen's slow_conv3d; fp16 without AVX512-FP16; anything unexpected): HF's conv for that signature, with
 the reason counted. Verdicts are forgotten when the weight changes (its data pointer, dtype, shape or
 version counter: an in-place update under no_grad bumps it; `.data.copy_()` does not, as for every op).
@@ -156,15 +156,17 @@ class _State:
 
     # ---- the probe ------------------------------------------------------------------------------
 
-    def probe(self, sig: tuple, x: torch.Tensor, ref: torch.Tensor) -> None:
+    def probe(self, sig: tuple, x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
         """Decides the signature's form from HF's own result `ref` on the call's input x (rows [P, C, T, p, p]
         in the weight's dtype) and from a second, discriminating input of the same shape through the module's
         own conv: a form is admitted only when it gives the conv's bits on both and, on the second, it alone
-        does (every other form and F.linear differ)."""
+        does (every other form and F.linear differ). Returns the admitted form's output on x (None when none
+        is admitted)."""
         with torch.no_grad():
             cands = forms_for(x.dtype)
             P = x.shape[0]
-            call = {f: _ndiff(self.run(x, f), ref) for f in cands}
+            outs = {f: self.run(x, f) for f in cands}
+            call = {f: _ndiff(o, ref) for f, o in outs.items()}
             w, b = self.proj.weight, self.proj.bias
             lin = _ndiff(F.linear(x.reshape(P, -1), w.detach().reshape(w.shape[0], -1),
                                   None if b is None else b.detach()), ref)
@@ -186,6 +188,7 @@ class _State:
             while len(self.verdicts) > MAX_VERDICTS:
                 old, _ = self.verdicts.popitem(last=False)
                 self.why.pop(old, None)
+        return None if form is None else outs[form]
 
     def _discriminate(self, x: torch.Tensor, cands: tuple):
         """(the one form that gives the conv's bits, or None; what each gave) on a second input of x's shape and
@@ -235,6 +238,32 @@ def _make_forward(module: nn.Module, counters, devices, notes: dict):
     def rows(hidden_states):
         return hidden_states.view(-1, C, T, p, p).to(dtype=proj.weight.dtype)
 
+    def first_call(sig, hidden_states) -> str | None:
+        """A new signature: HF's conv on the call's input, the probe, the verdict noted. The call's result is
+        kept for fused/fallback to return (the admitted form's output, equal to HF's bit for bit, or HF's)."""
+        try:
+            with torch.no_grad():
+                ref = hf_forward(hidden_states)
+                out = state.probe(sig, rows(hidden_states), ref.reshape(sig[1], -1))
+        except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
+            with state.lock:
+                state.verdicts[sig] = None
+                state.why[sig] = f"the probe failed ({type(e).__name__}: {e})"
+            ref, out = None, None
+        form = state.verdict(sig)[1]
+        notes[f"patch_embed {_short(sig[0])} P{sig[1]} threads{sig[2]}{' bias' if sig[3] else ''}"] = (
+            f"{form or 'HF conv'}: {state.why.get(sig, '')}")
+        if out is not None:
+            state.local.result = (hidden_states, out.view(-1, E))
+        elif ref is not None:
+            state.local.result = (hidden_states, ref)
+        return None if out is not None else f"no exact form at {_short(sig[0])} P={sig[1]} ({sig[2]} threads)"
+
+    def kept(hidden_states):
+        r = getattr(state.local, "result", None)
+        state.local.result = None
+        return r[1] if r is not None and r[0] is hidden_states else None
+
     def check(hidden_states) -> str | None:
         reason = tensor_reason("patch_embed", (hidden_states, proj.weight), devices)
         if reason is not None:
@@ -247,13 +276,15 @@ def _make_forward(module: nn.Module, counters, devices, notes: dict):
         sig = state.signature(proj.weight.dtype, P)
         known, form = state.verdict(sig)
         if not known:
-            state.local.pending = (sig, hidden_states)
-            return f"probe: the first call at {_short(sig[0])} P={P} ({sig[2]} threads) runs HF's conv and compares"
+            return first_call(sig, hidden_states)
         if form is None:
             return f"no exact form at {_short(sig[0])} P={P} ({sig[2]} threads): {state.why.get(sig, '')}"
         return None
 
     def fused(hidden_states):
+        out = kept(hidden_states)
+        if out is not None:
+            return out
         x = rows(hidden_states)
         sig = state.signature(x.dtype, x.shape[0])
         _, form = state.verdict(sig)
@@ -262,21 +293,8 @@ def _make_forward(module: nn.Module, counters, devices, notes: dict):
     def fallback(hidden_states):
         if torch.compiler.is_compiling():
             return hf_forward(hidden_states)
-        out = hf_forward(hidden_states)
-        pending = getattr(state.local, "pending", None)
-        state.local.pending = None
-        if pending is not None and pending[1] is hidden_states:
-            sig = pending[0]
-            try:
-                state.probe(sig, rows(hidden_states), out.reshape(sig[1], -1))
-                form = state.verdicts.get(sig)
-                notes[f"patch_embed {_short(sig[0])} P{sig[1]} threads{sig[2]}{' bias' if sig[3] else ''}"] = (
-                    f"{form or 'HF conv'}: {state.why.get(sig, '')}")
-            except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
-                with state.lock:
-                    state.verdicts[sig] = None
-                    state.why[sig] = f"the probe failed ({type(e).__name__}: {e})"
-        return out
+        out = kept(hidden_states)
+        return out if out is not None else hf_forward(hidden_states)
 
     return guarded(ENV_SWITCH, counters, fused, fallback, check), state
 
