@@ -176,6 +176,50 @@ def test_weight_change_probes_again():
     assert len([k for k in handle.notes if k.startswith("patch_embed")]) == 1  # the same signature, probed twice
 
 
+def test_a_second_patch_keeps_the_verdicts():
+    """Verdicts and packed weights belong to the weight tensor: patch, undo and patch again (opgym run's
+    rounds) and the second patch's first call is served without a probe; a deep copy has its own weight and
+    probes again."""
+    import copy
+    import time
+
+    m = _module(torch.bfloat16)
+    px = _pixels(1024, torch.bfloat16, 11)
+    with torch.no_grad():
+        ref = m(px)
+        with opgym.patch(m, ops="patch_embed") as h1:
+            t0 = time.perf_counter()
+            first = m(px)
+            t_probe = time.perf_counter() - t0
+            n1 = dict(h1.notes)
+        with opgym.patch(m, ops="patch_embed") as h2:
+            assert h2.notes == n1  # known before any call
+            t0 = time.perf_counter()
+            again = m(px)
+            t_served = time.perf_counter() - t0
+            assert h2.stats()["ops"]["patch_embed"]["fused"] == 1
+        m2 = copy.deepcopy(m)
+        with opgym.patch(m2, ops="patch_embed") as h3:
+            assert not h3.notes
+            assert _ndiff(m2(px), ref) == 0
+            assert len(h3.notes) == 1
+    assert _ndiff(first, ref) == 0 and _ndiff(again, ref) == 0
+    assert t_served < t_probe  # the probe runs the conv twice; the served call runs the op once
+
+
+def test_the_store_dies_with_the_weight():
+    import gc
+
+    m = _module(torch.float32)
+    with opgym.patch(m, ops="patch_embed"), torch.no_grad():
+        m(_pixels(4, torch.float32, 1))
+    key = id(m.proj.weight)
+    assert key in integ._STORES
+    del m
+    gc.collect()
+    assert key not in integ._STORES
+
+
 # ---- the model ----------------------------------------------------------------------------------
 
 # Tiny text and vision depth, the real patch embedding (vision width 1280 = Qwen2.5-VL-3B's embed_dim).

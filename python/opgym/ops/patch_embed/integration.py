@@ -17,7 +17,8 @@ from each other on most outputs. A form is admitted only when it gives the conv'
 and, alone, on the second; that first call then returns the admitted form's output (counted as served:
 it is HF's bits, just checked) or HF's own (counted as a fallback with the reason). No form (bf16 on a CPU without AVX-512, where torch
 runs ATen's slow_conv3d; fp16 without AVX512-FP16; anything unexpected): HF's conv for that signature, with
-the reason counted. Verdicts are forgotten when the weight changes (its data pointer, dtype, shape or
+the reason counted. Verdicts and packed weights belong to the weight tensor (a weak-keyed store: a model
+patched again, as opgym run's rounds do, probes nothing again) and are forgotten when the weight changes (its data pointer, dtype, shape or
 version counter: an in-place update under no_grad bumps it; `.data.copy_()` does not, as for every op).
 
 At call time the packed weight of the admitted form (patch_embed_pack, cached per weight) and
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -99,52 +101,104 @@ def _ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((differ & ~(torch.isnan(a) & torch.isnan(b))).sum())
 
 
-class _State:
-    """One patch embedding's packed weights (per form) and verdicts (per signature)."""
+class _Store:
+    """What opgym knows of one weight tensor: its packed forms and the verdicts per signature, valid while
+    the weight's key (data pointer, dtype, shape, strides, version counter) stays the same."""
 
-    def __init__(self, module: nn.Module):
-        self.module, self.proj = module, module.proj
+    def __init__(self):
         self.lock = threading.Lock()
         self.wkey = None
         self.packed: dict = {}
         self.verdicts: OrderedDict = OrderedDict()  # signature -> form or None
         self.why: dict = {}                          # signature -> how the probe decided
-        self.local = threading.local()               # the signature whose probe the fallback owes
+
+
+# Per weight tensor, for the tensor's lifetime: a model patched again (opgym run's rounds, a user's
+# patch/undo/patch) keeps its verdicts and packed weights instead of probing again.
+# (Keyed by id with a weak reference that removes the entry: a tensor's == is elementwise, so no
+# WeakKeyDictionary.)
+_STORES: dict = {}  # id(weight) -> (weakref to the weight, _Store)
+_STORES_LOCK = threading.Lock()
+
+
+def _forget(key: int, ref) -> None:
+    with _STORES_LOCK:
+        if _STORES.get(key, (None,))[0] is ref:
+            del _STORES[key]
+
+
+class _State:
+    """One patch embedding's view of its weight's store (packed forms, verdicts per signature)."""
+
+    def __init__(self, module: nn.Module):
+        self.module, self.proj = module, module.proj
+        self.local = threading.local()  # the first call's result, for fused/fallback to return
 
     def __deepcopy__(self, memo):
-        # A deep copy of the model (PatchedForward) gets a state of its own: the copy's module, nothing cached.
+        # A deep copy of the model (PatchedForward) gets a state of its own: the copy's module and weight.
         return _State(copy.deepcopy(self.module, memo))
+
+    def store(self) -> _Store:
+        w = self.proj.weight
+        with _STORES_LOCK:
+            entry = _STORES.get(id(w))
+            if entry is None or entry[0]() is not w:
+                key = id(w)
+                entry = _STORES[key] = (weakref.ref(w, lambda ref, key=key: _forget(key, ref)), _Store())
+        return entry[1]
 
     def weight_key(self) -> tuple:
         w = self.proj.weight
         return (w.data_ptr(), w.dtype, tuple(w.shape), tuple(w.stride()), w._version)
 
-    def _sync(self) -> None:
+    def _sync(self, st: _Store) -> None:
         key = self.weight_key()
-        if key != self.wkey:  # a new or changed weight: pack again, probe again
-            self.wkey, self.packed = key, {}
-            self.verdicts.clear()
-            self.why.clear()
+        if key != st.wkey:  # a new or changed weight: pack again, probe again
+            st.wkey, st.packed = key, {}
+            st.verdicts.clear()
+            st.why.clear()
 
     def signature(self, x_dtype: torch.dtype, P: int) -> tuple:
         return (x_dtype, P, torch.get_num_threads(), self.proj.bias is not None)
 
     def verdict(self, sig: tuple):
         """(known, form) for a signature, the weight checked first."""
-        with self.lock:
-            self._sync()
-            if sig in self.verdicts:
-                return True, self.verdicts[sig]
+        st = self.store()
+        with st.lock:
+            self._sync(st)
+            if sig in st.verdicts:
+                return True, st.verdicts[sig]
             return False, None
 
+    def why(self, sig: tuple) -> str:
+        return self.store().why.get(sig, "")
+
+    def known(self) -> dict:
+        """signature -> (form, why) of every verdict on the current weight."""
+        st = self.store()
+        with st.lock:
+            self._sync(st)
+            return {sig: (f, st.why.get(sig, "")) for sig, f in st.verdicts.items()}
+
+    def record(self, sig: tuple, form, why: str) -> None:
+        st = self.store()
+        with st.lock:
+            self._sync(st)
+            st.verdicts[sig] = form
+            st.why[sig] = why
+            while len(st.verdicts) > MAX_VERDICTS:
+                old, _ = st.verdicts.popitem(last=False)
+                st.why.pop(old, None)
+
     def pack(self, form: str) -> torch.Tensor:
-        with self.lock:
-            self._sync()
-            p = self.packed.get(form)
+        st = self.store()
+        with st.lock:
+            self._sync(st)
+            p = st.packed.get(form)
             if p is None:
                 with torch.no_grad():
                     p = torch.ops.opgym.patch_embed_pack(self.proj.weight.detach(), form, -1)
-                self.packed[form] = p
+                st.packed[form] = p
             return p
 
     def run(self, x: torch.Tensor, form: str, packed: torch.Tensor | None = None, weight=None, bias=None):
@@ -181,13 +235,7 @@ class _State:
                     form, why = None, f"the probe input and the call's disagree ({d2}; the call's input: {desc})"
                 else:
                     why = f"the conv's bits on the call's input ({desc}) and alone on the probe input ({d2})"
-        with self.lock:
-            self._sync()
-            self.verdicts[sig] = form
-            self.why[sig] = why
-            while len(self.verdicts) > MAX_VERDICTS:
-                old, _ = self.verdicts.popitem(last=False)
-                self.why.pop(old, None)
+        self.record(sig, form, why)
         return None if form is None else outs[form]
 
     def _discriminate(self, x: torch.Tensor, cands: tuple):
@@ -238,6 +286,13 @@ def _make_forward(module: nn.Module, counters, devices, notes: dict):
     def rows(hidden_states):
         return hidden_states.view(-1, C, T, p, p).to(dtype=proj.weight.dtype)
 
+    def note(sig, form, why) -> None:
+        notes[f"patch_embed {_short(sig[0])} P{sig[1]} threads{sig[2]}{' bias' if sig[3] else ''}"] = (
+            f"{form or 'HF conv'}: {why}")
+
+    for sig, (form, why) in state.known().items():  # verdicts of an earlier patch of this weight
+        note(sig, form, why)
+
     def first_call(sig, hidden_states) -> str | None:
         """A new signature: HF's conv on the call's input, the probe, the verdict noted. The call's result is
         kept for fused/fallback to return (the admitted form's output, equal to HF's bit for bit, or HF's)."""
@@ -246,13 +301,9 @@ def _make_forward(module: nn.Module, counters, devices, notes: dict):
                 ref = hf_forward(hidden_states)
                 out = state.probe(sig, rows(hidden_states), ref.reshape(sig[1], -1))
         except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
-            with state.lock:
-                state.verdicts[sig] = None
-                state.why[sig] = f"the probe failed ({type(e).__name__}: {e})"
+            state.record(sig, None, f"the probe failed ({type(e).__name__}: {e})")
             ref, out = None, None
-        form = state.verdict(sig)[1]
-        notes[f"patch_embed {_short(sig[0])} P{sig[1]} threads{sig[2]}{' bias' if sig[3] else ''}"] = (
-            f"{form or 'HF conv'}: {state.why.get(sig, '')}")
+        note(sig, state.verdict(sig)[1], state.why(sig))
         if out is not None:
             state.local.result = (hidden_states, out.view(-1, E))
         elif ref is not None:
@@ -278,7 +329,7 @@ def _make_forward(module: nn.Module, counters, devices, notes: dict):
         if not known:
             return first_call(sig, hidden_states)
         if form is None:
-            return f"no exact form at {_short(sig[0])} P={P} ({sig[2]} threads): {state.why.get(sig, '')}"
+            return f"no exact form at {_short(sig[0])} P={P} ({sig[2]} threads): {state.why(sig)}"
         return None
 
     def fused(hidden_states):
