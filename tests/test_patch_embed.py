@@ -7,10 +7,12 @@ patch-embedding width) with logits bit-identical with and without opgym.patch. T
 src/ops/patch_embed/patch_embed_test.cpp."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -218,6 +220,35 @@ def test_the_store_dies_with_the_weight():
     del m
     gc.collect()
     assert key not in integ._STORES
+
+
+CASE_FILES = sorted((Path(__file__).resolve().parent.parent / "cases").glob("*/patch_embed*.json"))
+
+
+def _cases():
+    for f in CASE_FILES:
+        for c in json.loads(f.read_text())["test_cases"]:
+            yield pytest.param(c, id=c["id"])
+
+
+@pytest.mark.parametrize("case", list(_cases()))
+def test_captured_cases_form_is_torchs_conv(case):
+    """Each captured signature with the form its file names: torch's own conv3d on the case's shapes gives
+    the op's bits (where this CPU runs that form: amx_tile needs AMX)."""
+    inp = case["input"]
+    if inp["form"] == "amx_tile" and not AMX:
+        pytest.skip("amx_tile is the conv's form on an AMX CPU only")
+    dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[inp["x"]["dtype"]]
+    (P, K), (OC, _), C = inp["x"]["shape"], inp["weight"]["shape"], inp["in_channels"]
+    torch.manual_seed(case["seed"])
+    x = torch.randn(P, K).to(dt)
+    w = (torch.randn(OC, K) * 0.02).to(dt)
+    b = (torch.randn(OC) * 0.02).to(dt) if "bias" in inp else None
+    kernel = (2, 14, 14) if K == C * 392 else (1, 1, K // C)
+    with torch.no_grad():
+        ref = F.conv3d(x.view(P, C, *kernel), w.view(OC, C, *kernel), b, stride=kernel).view(P, OC)
+        got = pe.patch_embed(x, pe.patch_embed_pack(w.view(OC, C, *kernel), inp["form"]), OC, b)
+    assert _ndiff(got, ref) == 0
 
 
 # ---- the model ----------------------------------------------------------------------------------
