@@ -164,6 +164,34 @@ def test_gradient_and_switch_fall_back(monkeypatch):
     assert st["fused"] == 0 and st["fallback"] == 3, st
 
 
+def test_probe_failure_and_hf_errors(monkeypatch):
+    """A probe that raises leaves the signature to HF's conv with the reason (the call returns HF's result);
+    an input HF's own forward rejects raises HF's error, as unpatched, and keeps no verdict."""
+    m = _module(torch.bfloat16)
+    px = _pixels(64, torch.bfloat16, 2)
+    bad = px.view(8, 8, 1176).transpose(0, 1)  # whole rows, but leading dims HF's .view(-1, ...) cannot merge
+    with torch.no_grad():
+        ref = m(px)
+        with pytest.raises(RuntimeError) as hf_err:
+            m(bad)
+    with opgym.patch(m, ops="patch_embed") as handle, torch.no_grad():
+        with pytest.raises(RuntimeError) as err:
+            m(bad)
+        assert str(err.value) == str(hf_err.value)
+        assert not handle.notes  # no verdict kept
+
+        def boom(*a, **k):
+            raise ValueError("synthetic")
+
+        monkeypatch.setattr(integ._State, "probe", boom)
+        outs = [m(px), m(px)]
+        st = handle.stats()["ops"]["patch_embed"]
+        notes = {k: v for k, v in handle.notes.items() if k.startswith("patch_embed")}
+    assert all(_ndiff(o, ref) == 0 for o in outs)
+    assert st["fused"] == 0 and st["fallback"] == 3, st  # the HF error's call, the failed probe's, the next
+    assert list(notes.values()) == ["HF conv: the probe failed (ValueError: synthetic)"], notes
+
+
 def test_weight_change_probes_again():
     m = _module(torch.bfloat16)
     px = _pixels(64, torch.bfloat16, 9)

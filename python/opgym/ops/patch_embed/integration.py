@@ -299,15 +299,16 @@ def _make_forward(module: nn.Module, counters, devices, notes: dict):
         try:
             with torch.no_grad():
                 ref = hf_forward(hidden_states)
+        except Exception:  # noqa: BLE001 - HF's own error: the fallback runs HF's forward again and raises it
+            return "HF's forward raised on this input (no verdict kept)"
+        try:
+            with torch.no_grad():
                 out = state.probe(sig, rows(hidden_states), ref.reshape(sig[1], -1))
         except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
             state.record(sig, None, f"the probe failed ({type(e).__name__}: {e})")
-            ref, out = None, None
+            out = None
         note(sig, state.verdict(sig)[1], state.why(sig))
-        if out is not None:
-            state.local.result = (hidden_states, out.view(-1, E))
-        elif ref is not None:
-            state.local.result = (hidden_states, ref)
+        state.local.result = (hidden_states, out.view(-1, E) if out is not None else ref)
         return None if out is not None else f"no exact form at {_short(sig[0])} P={sig[1]} ({sig[2]} threads)"
 
     def kept(hidden_states):
