@@ -25,13 +25,13 @@ contiguous, no gradient needed. Otherwise, and on any error from opgym, HF's own
 """
 from __future__ import annotations
 
-import itertools
 import sys
 import types
 
 import torch
 from torch import nn
 
+from ... import hooks
 from ...guard import FUSED_DTYPES, fingerprint, guarded, own_forward
 from . import SPEC
 
@@ -111,32 +111,6 @@ def _hooked_name(cls: type) -> tuple[str, object, dict] | None:
     return None
 
 
-_IDS = itertools.count()
-
-
-def _namespace(glb: dict, name: str, fn) -> types.ModuleType:
-    """A module (in sys.modules) holding a copy of `glb` with the global `name` set to `fn`."""
-    mod = types.ModuleType(f"opgym._hooked.{next(_IDS)}")
-    ns = dict(glb)
-    ns.update({"__name__": mod.__name__, "__spec__": None, "__loader__": None, name: fn})
-    mod.__dict__.update(ns)
-    sys.modules[mod.__name__] = mod
-    return mod
-
-
-def _drop(mod: types.ModuleType) -> None:
-    sys.modules.pop(mod.__name__, None)
-
-
-def _forward_with(cls: type, m: nn.Module, mod: types.ModuleType):
-    """m's own copy of cls.forward whose globals are `mod`'s."""
-    f = cls.forward
-    copy = types.FunctionType(f.__code__, mod.__dict__, f.__name__, f.__defaults__, f.__closure__)
-    copy.__kwdefaults__ = f.__kwdefaults__
-    copy.__qualname__ = f.__qualname__
-    return types.MethodType(copy, m)
-
-
 def instrument(model: nn.Module, record) -> list:
     """For opgym.capture: every attention calling a verified rotary function gets a forward copy that
     calls record(module_path, mode, q, k, cos, sin, unsqueeze_dim) before HF's own function. Returns
@@ -147,7 +121,7 @@ def instrument(model: nn.Module, record) -> list:
         if cls not in hooked:
             hooked[cls] = _hooked_name(cls)
         found = hooked[cls]
-        if found is None or found[1] is None or own_forward(m):
+        if found is None or found[1] is None or (own_forward(m) and not hooks.managed(m)):
             continue
         fname, original, glb = found
         mode, vision = VERIFIED[fname][1], fname.endswith("_vision")
@@ -156,23 +130,20 @@ def instrument(model: nn.Module, record) -> list:
             record(_p, _m, q, k, cos, sin, unsqueeze_dim)
             return _o(q, k, cos, sin) if _v else _o(q, k, cos, sin, unsqueeze_dim)
 
-        mod = _namespace(glb, fname, rec)
-        m.forward = _forward_with(cls, m, mod)
-        done.append((m, mod))
+        done.append(hooks.hook(m, {fname: rec}, owner="capture rotary"))
     return done
 
 
 def uninstrument(done) -> None:
-    for m, mod in done:
-        m.__dict__.pop("forward", None)
-        _drop(mod)
+    for layer in done:
+        hooks.release(layer)
 
 
 def apply(model: nn.Module, handle, devices) -> None:
     """Gives every attention of `model` that calls a verified rotary function its own forward copy
     in which that function is opgym's."""
     hooked: dict[type, tuple | None] = {}
-    namespaces: dict[type, types.ModuleType] = {}  # one per class in this model
+    ropes: dict[type, object] = {}  # one per class in this model (so one namespace per class)
     for name, m in model.named_modules():
         cls = type(m)
         if cls not in hooked:
@@ -184,15 +155,13 @@ def apply(model: nn.Module, handle, devices) -> None:
         if original is None:
             handle.skipped[name] = f"{cls.__name__}: its {fname} is not one opgym has verified (rotary)"
             continue
-        if own_forward(m) or handle.owned_elsewhere(m, "rotary"):
+        if (own_forward(m) and not hooks.managed(m)) or handle.owned_elsewhere(m, "rotary"):
             handle.skipped[name] = "forward already replaced on the instance (rotary)"
             continue
-        if cls not in namespaces:
-            rope = _make_rope(original, VERIFIED[fname][1], handle.counters("rotary"), devices,
-                              vision=fname.endswith("_vision"))
-            namespaces[cls] = _namespace(glb, fname, rope)
-            handle.on_undo(lambda mod=namespaces[cls]: _drop(mod))
-        handle.replace_forward(m, "rotary", name, _forward_with(cls, m, namespaces[cls]))
+        if cls not in ropes:
+            ropes[cls] = _make_rope(original, VERIFIED[fname][1], handle.counters("rotary"), devices,
+                                    vision=fname.endswith("_vision"))
+        hooks.hook(m, {fname: ropes[cls]}, handle=handle, op="rotary", path=name)
 
 
 

@@ -1,0 +1,264 @@
+"""attn_softmax in models (opgym.patch's op "attn_softmax"): HF's eager_attention_forward served through the
+instance's hooked forward (opgym/hooks.py, shared with rotary's hook), grouped-query attention without
+repeat_kv where the patch-time probe allows it, Qwen2.5-VL's vision attention with all windows in one pass;
+logits and greedy tokens bit-identical to HF eager; the shared forward under every undo order; fallbacks
+(switch, gradients, sdpa, unverified functions); capture's cases; torch.compile fullgraph."""
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import opgym
+from opgym import hooks
+from opgym.ops.attn_softmax import integration as integ, text, vision
+from conftest import graph_recorder, tiny_qwen25vl
+from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
+
+TEXT = "model.language_model.layers.0.self_attn"
+VISION = "model.visual.blocks.0.attn"
+
+
+def _hooked_modules():
+    return sorted(m for m in sys.modules if m.startswith(hooks.PREFIX))
+
+
+def _run(model, inputs, tokens=4):
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        gen = model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+    return logits, gen
+
+
+@pytest.fixture(scope="module")
+def uneven():
+    """A tiny Qwen2.5-VL on a page whose windows are uneven (edge windows shorter than 64 patches)."""
+    model, inputs = tiny_qwen25vl(page=(196, 140))
+    return model, inputs, _run(model, inputs)
+
+
+def test_logits_and_tokens_bit_identical_all_ops(uneven):
+    model, inputs, (ref, gen_ref) = uneven
+    with opgym.patch(model) as h:
+        assert set(h.patched_by_op["attn_softmax"]) == {
+            "model.visual.blocks.0.attn", "model.visual.blocks.1.attn",
+            "model.language_model.layers.0.self_attn", "model.language_model.layers.1.self_attn"}
+        got, gen = _run(model, inputs)
+        st = h.stats()["ops"]["attn_softmax"]
+    assert torch.equal(got, ref) and torch.equal(gen, gen_ref)
+    assert st["fallback"] == 0 and st["fused"] > 0, st
+    for _, m in model.named_modules():
+        assert "forward" not in m.__dict__ and "_opgym_patched" not in m.__dict__
+    assert not _hooked_modules()
+
+
+def test_vision_one_pass_uneven_and_full_blocks(uneven):
+    model, inputs, _ = uneven
+    grid = inputs["image_grid_thw"]
+    visual = model.model.visual
+    cu_w = hf.get_vision_window_index(grid, spatial_merge_size=visual.spatial_merge_size, window_size=visual.window_size,
+                                      patch_size=visual.patch_size)[1] if hasattr(hf, "get_vision_window_index") else None
+    if cu_w is not None:
+        lengths = (cu_w[1:] - cu_w[:-1]).tolist()
+        assert len(set(lengths)) > 1, lengths  # the page really has uneven windows
+    seen = []
+    orig = vision.one_pass
+
+    def spy(q, k, v, cu, lengths, scaling):
+        seen.append(tuple(lengths))
+        return orig(q, k, v, cu, lengths, scaling)
+
+    with opgym.patch(model, ops=("attn_softmax",)) as h:
+        vision.one_pass = spy
+        try:
+            with torch.no_grad():
+                model(**inputs)
+        finally:
+            vision.one_pass = orig
+    assert len(seen) == 2  # block 0 windowed, block 1 full attention (the tiny model's last block)
+    assert any(len(s) > 1 and len(set(s)) > 1 for s in seen) and any(len(s) == 1 for s in seen)
+
+
+def test_vision_forward_is_hf_statement_for_statement():
+    def tree(f):
+        n = ast.parse(textwrap.dedent(inspect.getsource(f))).body[0]
+        n.decorator_list, n.returns = [], None
+        for a in n.args.args + n.args.kwonlyargs:
+            a.annotation = None
+        if isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant):
+            n.body = n.body[1:]
+        return n
+
+    ours, theirs = tree(vision.forward), tree(hf.Qwen2_5_VLVisionAttention.forward)
+    assert len(ours.body) == len(theirs.body)
+    for a, b in zip(ours.body, theirs.body):
+        if isinstance(b, ast.If) and b.orelse:
+            assert ast.dump(a.test) == ast.dump(b.test) and ast.dump(ast.Module(a.body, [])) == ast.dump(
+                ast.Module(b.body, []))
+            loop = tree(vision.hf_loop).body
+            assert [ast.dump(s) for s in loop[:-1]] == [ast.dump(s) for s in b.orelse[:-1]]
+            assert ast.dump(loop[-1].value) == ast.dump(b.orelse[-1].value)  # return X / attn_output = X
+            assert ast.dump(b.orelse[-1].targets[0]) == ast.dump(a.orelse[0].targets[0])
+        else:
+            assert ast.dump(a) == ast.dump(b)
+    assert opgym.guard.fingerprint(hf.Qwen2_5_VLVisionAttention.forward) in vision.VERIFIED_FORWARD
+
+
+@pytest.mark.parametrize("first", ["rotary", "attn_softmax"])
+@pytest.mark.parametrize("undo_first", ["first", "second"])
+def test_two_handles_share_one_forward_copy_in_any_undo_order(uneven, first, undo_first):
+    model, inputs, (ref, _) = uneven
+    second = "attn_softmax" if first == "rotary" else "rotary"
+    m = model.get_submodule(TEXT)
+    h1 = opgym.patch(model, ops=(first,))
+    h2 = opgym.patch(model, ops=(second,))
+    ns = hooks.namespace(m)
+    assert ns is not None and [layer.owner for layer in hooks.layers(m)] == [first, second]
+    assert ns.apply_rotary_pos_emb is not hf.apply_rotary_pos_emb
+    assert ns.eager_attention_forward.opgym_original is hf.eager_attention_forward
+    assert len(_hooked_modules()) == 2  # text attentions share one namespace, the vision ones another
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, ref)
+    gone, kept = (h1, h2) if undo_first == "first" else (h2, h1)
+    kept_op = second if undo_first == "first" else first
+    gone.undo()
+    ns = hooks.namespace(m)
+    assert [layer.owner for layer in hooks.layers(m)] == [kept_op] and hooks.managed(m)
+    assert (ns.apply_rotary_pos_emb is hf.apply_rotary_pos_emb) == (kept_op != "rotary")
+    assert (ns.eager_attention_forward is hf.eager_attention_forward) == (kept_op != "attn_softmax")
+    kept.reset_stats()
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, ref)
+    assert kept.stats()["ops"][kept_op]["fused"] == 4
+    kept.undo()
+    for _, mod in model.named_modules():
+        assert "forward" not in mod.__dict__
+    assert not _hooked_modules()
+
+
+def test_probe_decides_grouped_per_dtype_and_phase_and_bits_always_match():
+    """Whatever the probe decides for a signature, the fused function gives HF's bits; decisions are per
+    (dtype, phase, threads, ...)."""
+    from opgym.guard import Stats
+
+    st = Stats()
+    fused = text.make_eager(hf.eager_attention_forward, hf.repeat_kv, True, False, (st,), frozenset({"cpu"}),
+                            "OPGYM_ATTN_SOFTMAX")
+    mod = type("M", (), {"num_key_value_groups": 8, "training": False})()
+    g = torch.Generator().manual_seed(3)
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        for S, T in ((1, 77), (1, 301), (13, 13), (40, 90)):
+            q = torch.randn(1, S, 16, 64, generator=g).to(dt).transpose(1, 2)
+            k, v = (torch.randn(1, 2, T, 64, generator=g).to(dt) for _ in range(2))
+            mask = torch.zeros(1, 1, S, T, dtype=dt)
+            mask.masked_fill_(torch.arange(T)[None] > torch.arange(S)[:, None] + T - S, torch.finfo(dt).min)
+            for threads in (1, 2):
+                old = torch.get_num_threads()
+                torch.set_num_threads(threads)
+                try:
+                    out, w = fused(mod, q, k, v, mask, 64 ** -0.5)
+                    ref, wref = hf.eager_attention_forward(mod, q, k, v, mask, 64 ** -0.5)
+                finally:
+                    torch.set_num_threads(old)
+                assert torch.equal(out, ref) and torch.equal(w, wref), (dt, S, T, threads)
+    assert st.fallback == 0
+    decided = {(s[0], s[2], s[3]) for s in text.probed()}
+    assert {(torch.bfloat16, "decode", 1), (torch.float32, "prefill", 2)} <= decided
+
+
+def test_fp32_gqa_model_bit_identical_and_notes():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=256, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=2, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 256, (2, 11), generator=torch.Generator().manual_seed(1))
+    ref, gen_ref = _run(model, {"input_ids": ids}, tokens=6)
+    with opgym.patch(model) as h:
+        got, gen = _run(model, {"input_ids": ids}, tokens=6)
+        notes = {k: v for k, v in h.notes.items() if k.startswith("attn_softmax GQA")}
+        st = h.stats()["ops"]["attn_softmax"]
+    assert torch.equal(got, ref) and torch.equal(gen, gen_ref)
+    assert len(notes) == 2 and st["fallback"] == 0 and st["fused"] > 0
+
+
+def test_sdpa_and_unverified_functions_are_left_alone(monkeypatch):
+    model, _ = tiny_qwen25vl()
+    model.set_attn_implementation("sdpa")
+    with opgym.patch(model, ops=("attn_softmax", "rms_norm")) as h:
+        assert not h.patched_by_op["attn_softmax"]
+        assert "attention implementation 'sdpa'" in h.skipped[TEXT]
+    model.set_attn_implementation("eager")
+    monkeypatch.setitem(integ.VERIFIED_EAGER, "efbb6043024e14d5", None)
+    monkeypatch.delitem(integ.VERIFIED_EAGER, "efbb6043024e14d5")
+    with opgym.patch(model, ops=("attn_softmax", "rms_norm")) as h:
+        assert "not one opgym has verified" in h.skipped[TEXT] and "not one opgym has verified" in h.skipped[VISION]
+
+
+def test_switch_gradient_and_faults_fall_back(uneven, monkeypatch):
+    model, inputs, (ref, _) = uneven
+    with opgym.patch(model, ops=("attn_softmax",)) as h:
+        monkeypatch.setenv("OPGYM_ATTN_SOFTMAX", "0")
+        with torch.no_grad():
+            assert torch.equal(model(**inputs).logits, ref)
+        assert set(h.stats()["reasons"]) == {"OPGYM_ATTN_SOFTMAX=0"}
+        monkeypatch.delenv("OPGYM_ATTN_SOFTMAX")
+        h.reset_stats()
+        with torch.library._scoped_library("opgym", "IMPL") as lib:
+            boom = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("simulated fault"))  # noqa: E731
+            lib.impl("attn_softmax_", boom, "CPU")
+            lib.impl("attn_softmax_segments_", boom, "CPU")
+            with torch.no_grad():
+                assert torch.equal(model(**inputs).logits, ref)
+        assert set(h.stats()["reasons"]) == {"opgym error: RuntimeError"}
+        h.reset_stats()
+        out = model(**inputs).logits  # gradients enabled, weights require grad: HF's code
+        assert torch.equal(out.detach(), ref)
+        assert h.stats()["fused"] == 0 and all("gradient needed" in r for r in h.stats()["reasons"])
+
+
+def test_capture_writes_text_and_vision_cases_and_rotary_still_records(uneven):
+    from opgym.capture import Capture
+
+    model, inputs, (ref, _) = uneven
+    with torch.no_grad(), Capture(model) as cap:
+        got = model(**inputs).logits
+        model.generate(**inputs, max_new_tokens=2, min_new_tokens=2, do_sample=False)
+    assert torch.equal(got, ref)
+    assert not _hooked_modules() and all("forward" not in m.__dict__ for _, m in model.named_modules())
+    cases = cap.cases(op="attn_softmax")
+    ids = [c["id"] for c in cases]
+    assert any("_text_" in i for i in ids) and any("_vision_windows_" in i for i in ids)
+    assert any("_vision_full_" in i for i in ids)
+    assert all(c["rtol"] == 0 and c["atol"] == 0 for c in cases)
+    phases = {p for c in cases for p in c["phases"]}
+    assert phases == {"prefill", "decode"}
+    assert cap.recorder("rotary").records  # rotary's capture shares the hooked forward
+    win = next(c for c in cases if "_vision_windows_" in c["id"])
+    cu = win["input"]["cu_seqlens"]
+    assert cu[0] == 0 and cu[-1] == win["input"]["scores"]["shape"][1]
+
+
+def test_compile_fullgraph_text_model():
+    import torch._dynamo
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg).eval().to(torch.bfloat16)
+    ids = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(1))
+    backend, graphs = graph_recorder()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ref = model(ids).logits
+        with opgym.patch(model, ops=("rotary", "attn_softmax")):
+            got = torch.compile(model, fullgraph=True, backend=backend)(ids).logits
+    assert torch.equal(got, ref)
+    assert len(graphs) == 1 and graphs[0].count("torch.ops.opgym.attn_softmax_") == 2
+    assert graphs[0].count("torch.ops.opgym.rotary") == 2
