@@ -199,4 +199,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m opgym.cli`: run the package's own module, whose UsageError is the one subcommands raise
+    # (this file as __main__ is a second copy with a class of its own).
+    from opgym.cli import main as _main
+
+    sys.exit(_main())
