@@ -87,16 +87,16 @@ def probe(sig: tuple, repeat_kv) -> bool:
 
 
 def grouped_ok(q, k, v, G: int, repeat_kv) -> bool:
-    """Whether this call may skip repeat_kv (see the module docstring); probes a new signature once
-    (outside torch.compile; inside, an unprobed signature takes repeat_kv)."""
+    """Whether this call may skip repeat_kv (see the module docstring); probes a new signature once.
+    Under torch.compile always False (HF's repeat_kv)."""
+    if torch.compiler.is_compiling():
+        return False  # a traced graph takes HF's repeat_kv: no thread-count-dependent branch inside it
     S, T, D, Dv = q.shape[2], k.shape[2], q.shape[3], v.shape[3]
     if G <= 1 or S * T * min(D, Dv) < NAIVE_BMM:
         return False
     sig = _signature(q, k, v, G)
     ok = _PROBED.get(sig)
     if ok is None:
-        if torch.compiler.is_compiling():
-            return False
         ok = _PROBED[sig] = probe(sig, repeat_kv)
     return ok
 

@@ -195,6 +195,8 @@ def probe(sig: tuple) -> bool:
 
 
 def one_pass_ok(q, v, Lmax: int) -> bool:
+    if torch.compiler.is_compiling():
+        return False  # HF's loop under torch.compile (no thread-count-dependent branch in a graph)
     sig = (q.dtype, q.device.type, torch.get_num_threads(), q.shape[1], q.shape[3], v.shape[3], Lmax)
     ok = _PROBED.get(sig)
     if ok is None:
@@ -219,6 +221,8 @@ def make_vision_attention(eager_functions, counters, devices, switch):
         return one_pass(q, k, v, cu_seqlens, lengths, self.scaling)
 
     def check(self, q, k, v, cu_seqlens, attention_interface, kwargs):
+        if torch.compiler.is_compiling():
+            return "under torch.compile (HF's loop: the windows' lengths are data)"
         if id(attention_interface) not in eager_ids and \
                 id(getattr(attention_interface, "opgym_original", None)) not in eager_ids:
             return "attention implementation is not eager"
