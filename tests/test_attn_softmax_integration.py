@@ -262,3 +262,99 @@ def test_compile_fullgraph_text_model():
     assert torch.equal(got, ref)
     assert len(graphs) == 1 and graphs[0].count("torch.ops.opgym.attn_softmax_") == 2
     assert graphs[0].count("torch.ops.opgym.rotary") == 2
+
+
+# ---- text models of the coverage table and every float dtype ---------------------------------------
+
+def _text_model(kind: str, dtype):
+    """A tiny seeded GQA model (2 layers, 8 query heads on 2 KV heads) with weights of std 0.1, so that
+    the attention weights are far from uniform."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    cls, cfg_cls = (LlamaForCausalLM, LlamaConfig) if kind == "llama" else (Qwen3ForCausalLM, Qwen3Config)
+    cfg = cfg_cls(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
+                  num_key_value_heads=2, head_dim=32, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if p.dim() == 1 else 0.0))
+    return model.to(dtype)
+
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_text_models_bit_identical_with_padding_and_attention_weights(kind, dtype):
+    """A left-padded batch of 2 (HF's [B, 1, S, T] mask with fully masked pad columns), the attention weights
+    the model returns with output_attentions, greedy tokens through the KV cache: HF's bits, all fused."""
+    model = _text_model(kind, dtype)
+    ids = torch.randint(3, 256, (2, 13), generator=torch.Generator().manual_seed(2))
+    am = torch.ones(2, 13, dtype=torch.long)
+    am[1, :4] = 0
+    inputs = {"input_ids": ids, "attention_mask": am}
+    with torch.no_grad():
+        ref = model(**inputs, output_attentions=True)
+    ref_logits, ref_gen = _run(model, inputs, tokens=6)
+    with opgym.patch(model) as h:
+        assert len(h.patched_by_op["attn_softmax"]) == 2, h.skipped
+        with torch.no_grad():
+            got = model(**inputs, output_attentions=True)
+        logits, gen = _run(model, inputs, tokens=6)
+        st = h.stats()["ops"]["attn_softmax"]
+    assert torch.equal(got.logits, ref.logits) and torch.equal(logits, ref_logits) and torch.equal(gen, ref_gen)
+    assert len(got.attentions) == 2 and all(torch.equal(a, b) for a, b in zip(got.attentions, ref.attentions))
+    assert st["fallback"] == 0 and st["fused"] > 0, st
+    assert all("forward" not in m.__dict__ for _, m in model.named_modules()) and not _hooked_modules()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_qwen25vl_with_an_image_every_dtype(dtype):
+    from conftest import TINY_QWEN25VL
+    from opgym import models
+
+    cfg = models.qwen2_5_vl_3b_config(text_layers=2, vision_blocks=2, _widths=TINY_QWEN25VL)
+    model = models.build_model(cfg, seed=0, dtype=dtype)
+    inputs = models.make_inputs(cfg, models.synthetic_page(width=196, height=140))
+    inputs = {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
+    ref, gen_ref = _run(model, inputs)
+    with opgym.patch(model) as h:
+        got, gen = _run(model, inputs)
+        st = h.stats()["ops"]["attn_softmax"]
+    assert torch.equal(got, ref) and torch.equal(gen, gen_ref)
+    assert st["fallback"] == 0 and st["fused"] > 0, st
+
+
+def test_training_falls_back_and_gradients_are_hf():
+    """model.train() with gradients: HF's own function runs (no backward in opgym), so the loss and every
+    gradient are HF's; the dropout of a training attention (p > 0) is never fused, even without gradients."""
+    model = _text_model("llama", torch.float32)
+    ids = torch.randint(3, 256, (1, 9), generator=torch.Generator().manual_seed(4))
+
+    def grads():
+        model.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    model.train()
+    ref = grads()
+    with opgym.patch(model, ops=("attn_softmax",)) as h:
+        got = grads()
+        st = h.stats()["ops"]["attn_softmax"]
+        assert st["fused"] == 0 and all("gradient needed" in r for r in h.stats()["reasons"]), st
+        for _, m in model.named_modules():
+            if hasattr(m, "attention_dropout"):
+                m.attention_dropout = 0.5
+        h.reset_stats()
+        torch.manual_seed(5)
+        with torch.no_grad():
+            a = model(ids).logits
+        assert h.stats()["reasons"] == {"dropout in training": 2}, h.stats()
+    assert all(torch.equal(a_, b_) for a_, b_ in zip(got, ref))
+    torch.manual_seed(5)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, a)  # HF with the same dropout draws
+    model.eval()
