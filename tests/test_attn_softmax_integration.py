@@ -208,14 +208,23 @@ def test_switch_gradient_and_faults_fall_back(uneven, monkeypatch):
             assert torch.equal(model(**inputs).logits, ref)
         assert set(h.stats()["reasons"]) == {"OPGYM_ATTN_SOFTMAX=0"}
         monkeypatch.delenv("OPGYM_ATTN_SOFTMAX")
+        vision._PROBED.clear()
+        text._PROBED.clear()
         h.reset_stats()
         with torch.library._scoped_library("opgym", "IMPL") as lib:
             boom = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("simulated fault"))  # noqa: E731
             lib.impl("attn_softmax_", boom, "CPU")
             lib.impl("attn_softmax_segments_", boom, "CPU")
+            lib.impl("attn_eager", boom, "CPU")
             with torch.no_grad():
                 assert torch.equal(model(**inputs).logits, ref)
-        assert set(h.stats()["reasons"]) == {"opgym error: RuntimeError"}
+        # the vision probe raises too (nothing cached), then every fused call does
+        assert set(h.stats()["reasons"]) == {"opgym error: RuntimeError", "the one-pass probe raised"}
+        assert not vision.probed()  # (the text probe calls no opgym op)
+        h.reset_stats()
+        with torch.no_grad():
+            assert torch.equal(model(**inputs).logits, ref)
+        assert h.stats()["fallback"] == 0 and vision.probed()  # probed again, fused again
         h.reset_stats()
         out = model(**inputs).logits  # gradients enabled, weights require grad: HF's code
         assert torch.equal(out.detach(), ref)
@@ -260,7 +269,7 @@ def test_compile_fullgraph_text_model():
         with opgym.patch(model, ops=("rotary", "attn_softmax")):
             got = torch.compile(model, fullgraph=True, backend=backend)(ids).logits
     assert torch.equal(got, ref)
-    assert len(graphs) == 1 and graphs[0].count("torch.ops.opgym.attn_softmax_") == 2
+    assert len(graphs) == 1 and graphs[0].count("torch.ops.opgym.attn_eager") == 2
     assert graphs[0].count("torch.ops.opgym.rotary") == 2
 
 
@@ -358,3 +367,27 @@ def test_training_falls_back_and_gradients_are_hf():
     with torch.no_grad():
         assert torch.equal(model(ids).logits, a)  # HF with the same dropout draws
     model.eval()
+
+
+# ---- opgym::attn_eager, the operator the text path calls ------------------------------------------
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("S,T", [(1, 37), (9, 9), (5, 40)])
+def test_attn_eager_is_hf_function_and_passes_opcheck(grouped, S, T):
+    g = torch.Generator().manual_seed(S * 100 + T)
+    mod = type("M", (), {"num_key_value_groups": 4, "training": False})()
+    for dt in DTYPES:
+        q = torch.randn(2, S, 8, 32, generator=g).to(dt).transpose(1, 2)  # HF's layout
+        k, v = (torch.randn(2, 2, T, 32, generator=g).to(dt) for _ in range(2))
+        mask = torch.zeros(2, 1, S, T, dtype=dt)
+        mask[1, :, :, :3] = torch.finfo(dt).min  # a left-padded row
+        out, w = torch.ops.opgym.attn_eager(q, k, v, 32 ** -0.5, mask, 4, grouped)
+        ref, wref = hf.eager_attention_forward(mod, q, k, v, mask, 32 ** -0.5)
+        if grouped and not text.grouped_ok(q, k, v, 4, hf.repeat_kv):
+            continue  # the probe finds the grouped GEMM's bits not HF's here: the integration never asks for it
+        assert torch.equal(w, wref) and torch.equal(out, ref) and out.is_contiguous(), (dt, S, T)
+    torch.library.opcheck(torch.ops.opgym.attn_eager.default, (q, k, v, 32 ** -0.5, mask, 4, grouped))
+    with pytest.raises(ValueError, match="groups"):
+        torch.ops.opgym.attn_eager(q, k, v, 1.0, None, 3, grouped)
+    with pytest.raises(RuntimeError, match="no backward"):
+        torch.ops.opgym.attn_eager(q.detach().requires_grad_(), k, v, 1.0, None, 4, grouped)

@@ -1,8 +1,9 @@
-"""HF eager attention in models (opgym.patch's op "attn_softmax"; switch OPGYM_ATTN_SOFTMAX): the scale,
-mask add, fp32 softmax and cast back between the two matmuls become one torch.ops.opgym.attn_softmax_
-call in place on the scores (text.py), grouped-query attention skips repeat_kv's copies where a probe
-shows the same GEMM bits, and Qwen2.5-VL's vision attention runs all windows of a block in one pass
-(vision.py).
+"""HF eager attention in models (opgym.patch's op "attn_softmax"; switch OPGYM_ATTN_SOFTMAX): HF's
+eager_attention_forward becomes one torch.ops.opgym.attn_eager call (text.py: torch's matmuls around
+the core - scale, mask add, fp32 softmax, cast back - in place on the scores), grouped-query
+attention skips repeat_kv's copies where a probe shows the same GEMM bits, and Qwen2.5-VL's vision
+attention runs all windows of a block in one pass (vision.py). CPU only: the CUDA kernel of the core
+is torch's CUDA softmax within 1 ulp, not its bits, so CUDA tensors take HF's function.
 
 The hook: transformers' attention forwards call `ALL_ATTENTION_FUNCTIONS.get_interface(
 config._attn_implementation, eager_attention_forward)`, the module-level function being the default
@@ -135,6 +136,7 @@ def apply(model: nn.Module, handle, devices) -> None:
     """Gives every attention of `model` that calls a verified eager_attention_forward, under HF's eager
     implementation, a forward copy in which that function is opgym's (and Qwen2.5-VL's vision
     attention its one-pass forward)."""
+    devices = frozenset(d for d in devices if d == "cpu")  # see the module docstring
     cache: dict = {}
     eagers: dict = {}   # HF's function -> opgym's (one per modeling module in this model)
     visions: dict = {}  # HF's function -> opgym_vision_attention

@@ -1,6 +1,6 @@
-"""The fused `eager_attention_forward` (HF's statements with the core between the two matmuls as one
-opgym::attn_softmax_ call in place on the scores) and the probe that decides when the grouped-query
-form may skip repeat_kv's copies of K and V.
+"""The fused `eager_attention_forward` - HF's statements as one operator, opgym::attn_eager (attn_softmax.cpp:
+torch's own at::matmul calls around the core in place on the scores) - and the probe that decides when
+the grouped-query form may skip repeat_kv's copies of K and V.
 
 HF's function (transformers 5.23, the verified fingerprints in integration.py):
 
@@ -12,13 +12,16 @@ HF's function (transformers 5.23, the verified fingerprints in integration.py):
     attn_weights = dropout(attn_weights, p=dropout, training=module.training)
     attn_output = torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
 
-The fused form keeps both matmuls torch's and replaces the four statements between them (and their
-four full-size temporaries, two of them fp32) by attn_softmax_ on the first matmul's output. With G =
+The fused form keeps both matmuls torch's (the same at::matmul calls, made from C++) and replaces the
+four statements between them (and their four full-size temporaries, two of them fp32) by the core in
+place on the first matmul's output; the whole function is one top-level torch op where HF's runs
+fifteen (a decode step's profile: repeat_kv's unsqueeze/expand/reshape for K and V, transpose, matmul,
+mul, add, softmax, to, dropout, matmul, transpose). With G =
 num_key_value_groups > 1 it can also skip repeat_kv: q viewed as [B, KV, G*S, D] against the shared
 [B, KV, T, D] keys gives the same products, but torch's GEMM is then called with G times the rows,
 and whether it sums them in the same order is a property of the GEMM library, the dtype, the shape
-class and the thread count (measured here: bf16/fp16 identical; fp32 decode, M = 1 against M = G,
-different). So a probe decides (`grouped_ok`), per (dtype, device, phase, threads, B, KV, G, D,
+class and the thread count (measured here, 2 threads, head dims 32 and 128: bf16 identical; fp16 and
+fp32 decode, M = 1 against M = G, different at head dim 32; prefill identical). So a probe decides (`grouped_ok`), per (dtype, device, phase, threads, B, KV, G, D,
 Dv): HF's path and the grouped one on random inputs of that signature at several lengths, both
 matmuls compared bit for bit; only a signature whose every probe agrees is served grouped, the others
 take repeat_kv as HF does. Calls whose per-head GEMM is small enough for torch's naive bmm loop (M*K*N
@@ -97,7 +100,10 @@ def grouped_ok(q, k, v, G: int, repeat_kv) -> bool:
     sig = _signature(q, k, v, G)
     ok = _PROBED.get(sig)
     if ok is None:
-        ok = _PROBED[sig] = probe(sig, repeat_kv)
+        try:
+            ok = _PROBED[sig] = probe(sig, repeat_kv)
+        except Exception:  # noqa: BLE001 - a probe that cannot run admits nothing (never raise because of opgym)
+            return False  # not cached: the next call probes again
     return ok
 
 
@@ -147,7 +153,7 @@ def make_eager(original, repeat_kv, groups: bool, scaling_default_none: bool, co
     the same signature; HF's own function for every call the fused path does not take (counted)."""
     from ...guard import guarded
 
-    inplace = torch.ops.opgym.attn_softmax_.default
+    op = torch.ops.opgym.attn_eager.default
 
     def n_rep_of(module):
         return getattr(module, "num_key_value_groups", None) if groups else 1
@@ -158,22 +164,9 @@ def make_eager(original, repeat_kv, groups: bool, scaling_default_none: bool, co
         return scaling
 
     def fused(module, q, k, v, mask, scaling, dropout, kwargs):
-        scaling = scale_of(q, scaling)
         G = n_rep_of(module)
-        B, H, S, _ = q.shape
-        KV, T, Dv = k.shape[1], k.shape[2], v.shape[3]
-        if groups and G > 1 and grouped_ok(q, k, v, G, repeat_kv):
-            w = torch.matmul(q.reshape(B, KV, G * S, q.shape[3]), k.transpose(2, 3))
-            weights = w.view(B, H, S, T)
-            inplace(weights, float(scaling), mask)
-            out = torch.matmul(w, v).view(B, H, S, Dv)
-        else:
-            ks = repeat_kv(k, G) if groups else k
-            vs = repeat_kv(v, G) if groups else v
-            weights = torch.matmul(q, ks.transpose(2, 3))
-            inplace(weights, float(scaling), mask)
-            out = torch.matmul(weights, vs)
-        return out.transpose(1, 2).contiguous(), weights
+        grouped = groups and G > 1 and grouped_ok(q, k, v, G, repeat_kv)
+        return op(q, k, v, float(scale_of(q, scaling)), mask, G, grouped)
 
     def fallback(module, q, k, v, mask, scaling, dropout, kwargs):
         if scaling is _MISSING:
