@@ -68,11 +68,13 @@ def test_vision_one_pass_uneven_and_full_blocks(uneven):
     seen = []
     orig = vision.one_pass
 
-    def spy(q, k, v, cu, lengths, scaling):
-        seen.append(tuple(lengths))
-        return orig(q, k, v, cu, lengths, scaling)
+    def spy(q, k, v, cu, scaling):
+        seen.append(tuple((cu[1:] - cu[:-1]).tolist()))
+        return orig(q, k, v, cu, scaling)
 
     with opgym.patch(model, ops=("attn_softmax",)) as h:
+        with torch.no_grad():
+            model(**inputs)  # the probes of this page's signatures run (they call one_pass too)
         vision.one_pass = spy
         try:
             with torch.no_grad():
@@ -216,6 +218,7 @@ def test_switch_gradient_and_faults_fall_back(uneven, monkeypatch):
             lib.impl("attn_softmax_", boom, "CPU")
             lib.impl("attn_softmax_segments_", boom, "CPU")
             lib.impl("attn_eager", boom, "CPU")
+            lib.impl("attn_windows", boom, "CPU")
             with torch.no_grad():
                 assert torch.equal(model(**inputs).logits, ref)
         # the vision probe raises too (nothing cached), then every fused call does
@@ -391,3 +394,31 @@ def test_attn_eager_is_hf_function_and_passes_opcheck(grouped, S, T):
         torch.ops.opgym.attn_eager(q, k, v, 1.0, None, 3, grouped)
     with pytest.raises(RuntimeError, match="no backward"):
         torch.ops.opgym.attn_eager(q.detach().requires_grad_(), k, v, 1.0, None, 4, grouped)
+
+
+@pytest.mark.parametrize("lengths", [[16] * 4, [64, 48, 16, 12, 64], [7], [5, 9, 9, 3]])
+def test_attn_windows_is_hf_loop_and_passes_opcheck(lengths):
+    """opgym::attn_windows against HF's loop (its eager function per window, torch.cat), bit for bit where the
+    probe admits the signature; errors for windows that do not cover the patches."""
+    g = torch.Generator().manual_seed(len(lengths))
+    P, H, D = sum(lengths), 2, 32
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+
+    class _M:
+        num_key_value_groups, training = 1, False
+
+    checked = []
+    for dt in DTYPES:
+        qkv = torch.randn(P, 3, H, D, generator=g).to(dt).permute(1, 0, 2, 3)
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in qkv.unbind(0))
+        if not vision.one_pass_ok(q, v, max(lengths)):
+            continue
+        checked.append(dt)
+        ref = torch.cat([hf.eager_attention_forward(_M, a, b, c, None, D ** -0.5)[0] for a, b, c in
+                         zip(*(torch.split(t, lengths, dim=2) for t in (q, k, v)))], dim=1)
+        got = torch.ops.opgym.attn_windows(q, k, v, D ** -0.5, cu)
+        assert torch.equal(got, ref) and got.is_contiguous(), (dt, lengths)
+    assert torch.bfloat16 in checked, checked
+    torch.library.opcheck(torch.ops.opgym.attn_windows.default, (q, k, v, D ** -0.5, cu))
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        torch.ops.opgym.attn_windows(q, k, v, 1.0, cu[:-1])

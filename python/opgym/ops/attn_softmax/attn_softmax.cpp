@@ -19,6 +19,14 @@
 //       groups > 1; grouped=True: q seen as [B, KV, groups * S, D] against the shared K/V (no copies) - the caller
 //       decides, by a probe of the GEMM's bits (python/opgym/ops/attn_softmax/text.py). One top-level op where
 //       HF runs fifteen.
+//   opgym::attn_windows(Tensor query, Tensor key, Tensor value, float scale, Tensor cu_seqlens) -> Tensor
+//       A vision block's attention within windows, all windows in one pass (Qwen2.5-VL's loop of per-window
+//       eager_attention_forward calls, unmasked, no GQA): query/key [1, H, P, D], value [1, H, P, Dv] (HF's views),
+//       windows [cu_seqlens[i], cu_seqlens[i + 1]) covering the P patches; returns HF's concatenated [1, P, H, Dv].
+//       Equal windows: one batched at::matmul per product over [H, windows, L, *] views, the core in place on the
+//       [H, windows, L, L] scores; uneven: each run of equal windows one at::matmul_out into its rows of a packed
+//       [H, P, Lmax] buffer, the segmented core, the same for the output. Whether that gives each window HF's bits
+//       is torch's GEMM's property: python/opgym/ops/attn_softmax/vision.py probes it before calling this.
 //
 // On the CPU the result is torch's own softmax bit for bit for the build torch runs here
 // (at::get_cpu_capability(): AVX512, AVX2 or DEFAULT; include/opgym/attn_softmax.hpp), whatever OPGYM_CPU_ISA
@@ -27,6 +35,8 @@
 #include <ATen/Version.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -69,6 +79,82 @@ namespace {
 
 using namespace opgym_torch;  // NOLINT(google-build-using-namespace): the shared helpers
 
+
+void check_attn_windows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu) {
+  const char* op = "attn_windows";
+  check_tensor_arg(q, "query", op);
+  check_tensor_arg(k, "key", op);
+  check_tensor_arg(v, "value", op);
+  check_device(k, "key", q, "query", op);
+  check_device(v, "value", q, "query", op);
+  TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "opgym::attn_windows: query, key and value must be "
+                    "[1, H, P, D], got ", q.sym_sizes(), ", ", k.sym_sizes(), ", ", v.sym_sizes());
+  TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+                    "opgym::attn_windows: query, key and value must have one dtype");
+  OPGYM_SYM_CHECK_VALUE(q.sym_size(0).sym_eq(1).sym_and(k.sym_size(0).sym_eq(1)).sym_and(v.sym_size(0).sym_eq(1))
+                            .sym_and(k.sym_size(1).sym_eq(q.sym_size(1))).sym_and(k.sym_size(2).sym_eq(q.sym_size(2)))
+                            .sym_and(k.sym_size(3).sym_eq(q.sym_size(3))).sym_and(v.sym_size(1).sym_eq(q.sym_size(1)))
+                            .sym_and(v.sym_size(2).sym_eq(q.sym_size(2))),
+                        "opgym::attn_windows: query, key and value must be [1, H, P, D] alike, got ", q.sym_sizes(), ", ",
+                        k.sym_sizes(), ", ", v.sym_sizes());
+  TORCH_CHECK_VALUE(cu.defined() && cu.dim() == 1 && (cu.scalar_type() == at::kInt || cu.scalar_type() == at::kLong),
+                    "opgym::attn_windows: cu_seqlens must be a 1-D int32 or int64 tensor");
+}
+
+at::Tensor attn_windows_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            const at::Tensor& cu) {
+  const char* op = "attn_windows";
+  check_attn_windows(q, k, v, cu);
+  TORCH_CHECK_VALUE(cu.device().is_cpu(), "opgym::attn_windows: cu_seqlens must be on the CPU (its values are read)");
+  const int64_t H = q.size(1), P = q.size(2), D = q.size(3), Dv = v.size(3);
+  const at::Tensor c = cu.to(at::kLong).contiguous();
+  const int64_t* b = c.data_ptr<int64_t>();
+  const int64_t n = c.numel() - 1;
+  TORCH_CHECK_VALUE(n >= 1 && b[0] == 0 && b[n] == P, "opgym::", op, ": cu_seqlens must run from 0 to the ", P,
+                    " patches");
+  // runs of consecutive equal-length windows: (first row, windows, length)
+  std::vector<std::array<int64_t, 3>> runs;
+  int64_t lmax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = b[i + 1] - b[i];
+    TORCH_CHECK_VALUE(len > 0, "opgym::", op, ": cu_seqlens must be increasing");
+    lmax = std::max(lmax, len);
+    if (!runs.empty() && runs.back()[2] == len) {
+      ++runs.back()[1];
+    } else {
+      runs.push_back({b[i], 1, len});
+    }
+  }
+  const at::Tensor q3 = q.select(0, 0), k3 = k.select(0, 0), v3 = v.select(0, 0);
+  at::Tensor o;
+  if (runs.size() == 1) {
+    const int64_t w = runs[0][1], L = runs[0][2];
+    const at::Tensor s = at::matmul(q3.view({H, w, L, D}), k3.view({H, w, L, D}).transpose(-1, -2));
+    run_attn_softmax(s, s, scale, c10::nullopt, op);
+    o = at::matmul(s, v3.view({H, w, L, Dv})).view({H, P, Dv});
+  } else {
+    const at::Tensor s = at::empty({H, P, lmax}, q.options());
+    for (const auto& r : runs) {
+      const int64_t r0 = r[0], w = r[1], L = r[2], r1 = r0 + w * L;
+      at::Tensor dst = s.slice(1, r0, r1).slice(2, 0, L).view({H, w, L, L});
+      at::matmul_out(dst, q3.slice(1, r0, r1).view({H, w, L, D}), k3.slice(1, r0, r1).view({H, w, L, D}).transpose(-1, -2));
+    }
+    run_segments(s, s, scale, c, false, op);
+    o = at::empty({H, P, Dv}, q.options());
+    for (const auto& r : runs) {
+      const int64_t r0 = r[0], w = r[1], L = r[2], r1 = r0 + w * L;
+      at::Tensor dst = o.slice(1, r0, r1).view({H, w, L, Dv});
+      at::matmul_out(dst, s.slice(1, r0, r1).slice(2, 0, L).view({H, w, L, L}), v3.slice(1, r0, r1).view({H, w, L, Dv}));
+    }
+  }
+  return o.transpose(0, 1).contiguous().unsqueeze(0);  // HF's torch.cat of the windows' [1, L, H, Dv]
+}
+
+at::Tensor attn_windows_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double,
+                             const at::Tensor& cu) {
+  check_attn_windows(q, k, v, cu);
+  return at::empty_symint({q.sym_size(0), q.sym_size(2), q.sym_size(1), v.sym_size(3)}, q.options());
+}
 
 void check_attn_eager(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t groups) {
   const char* op = "attn_eager";
@@ -221,9 +307,20 @@ std::tuple<at::Tensor, at::Tensor> attn_eager_autograd(c10::DispatchKeySet ks, c
   return op.redispatch(ks & c10::after_autograd_keyset, q, k, v, scale, mask, groups, grouped);
 }
 
+at::Tensor attn_windows_autograd(c10::DispatchKeySet ks, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 double scale, const at::Tensor& cu) {
+  TORCH_CHECK(!grad_needed({&q, &k, &v}), "opgym::attn_windows", kNoGrad);
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::attn_windows", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                               const at::Tensor&)>();
+  return op.redispatch(ks & c10::after_autograd_keyset, q, k, v, scale, cu);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(opgym, m) {
+  m.def("attn_windows(Tensor query, Tensor key, Tensor value, float scale, Tensor cu_seqlens) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
   m.def("attn_eager(Tensor query, Tensor key, Tensor value, float scale, Tensor? mask=None, int groups=1, "
         "bool grouped=False) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   m.def("attn_softmax(Tensor scores, float scale, Tensor? mask=None) -> Tensor", {at::Tag::pt2_compliant_tag});
@@ -241,6 +338,7 @@ TORCH_LIBRARY_IMPL(opgym, CPU, m) {
   m.impl("attn_softmax_segments", &attn_softmax_segments_cpu);
   m.impl("attn_softmax_segments_", &attn_softmax_segments__cpu);
   m.impl("attn_eager", &attn_eager_cpu);
+  m.impl("attn_windows", &attn_windows_cpu);
 }
 TORCH_LIBRARY_IMPL(opgym, Meta, m) {
   m.impl("attn_softmax", &attn_softmax_meta);
@@ -248,6 +346,7 @@ TORCH_LIBRARY_IMPL(opgym, Meta, m) {
   m.impl("attn_softmax_segments", &attn_softmax_segments_meta);
   m.impl("attn_softmax_segments_", &attn_softmax_segments__meta);
   m.impl("attn_eager", &attn_eager_meta);
+  m.impl("attn_windows", &attn_windows_meta);
 }
 TORCH_LIBRARY_IMPL(opgym, Autograd, m) {
   m.impl("attn_softmax", &attn_softmax_autograd);
@@ -255,4 +354,5 @@ TORCH_LIBRARY_IMPL(opgym, Autograd, m) {
   m.impl("attn_softmax_segments", &attn_softmax_segments_autograd);
   m.impl("attn_softmax_segments_", &attn_softmax_segments__autograd);
   m.impl("attn_eager", &attn_eager_autograd);
+  m.impl("attn_windows", &attn_windows_autograd);
 }

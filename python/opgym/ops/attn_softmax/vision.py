@@ -10,14 +10,14 @@ rotary hook and the eager hook apply to it as to HF's), with the loop as one cal
 `opgym_vision_attention(...)`, which is:
 
 - fused (the attention interface is HF's eager one, opgym's or HF's own; no gradient; no dropout):
-  the scores of every window in one buffer - all windows of equal length L (the windowed blocks of
-  an image whose side is a multiple of the window, and one image's full-attention block): one
-  batched matmul `q.view(H, n, L, D) @ k.view(H, n, L, D)^T` whose [H, n, L, L] output *is* the packed
-  [H, P, L] buffer; uneven windows: runs of equal-length windows, each one batched matmul written
-  into its rows of a packed [H, P, Lmax] buffer (`out=`); then one attn_softmax_segments_ (or
-  attn_softmax_ when the lengths are equal) in place, and the output matmuls the same way into one
-  [H, P, Dv] buffer, returned as HF's concatenated [1, P, H, Dv] (a view: the forward's own
-  `reshape(seq_length, -1).contiguous()` is its one copy);
+  one operator, opgym::attn_windows (attn_softmax.cpp), holds the scores of every window in one
+  buffer - all windows of equal length L (the windowed blocks of an image whose side is a multiple
+  of the window, and one image's full-attention block): one batched matmul `q.view(H, n, L, D) @
+  k.view(H, n, L, D)^T` whose [H, n, L, L] output *is* the packed [H, P, L] buffer; uneven windows:
+  runs of equal-length windows, each one batched at::matmul_out into its rows of a packed
+  [H, P, Lmax] buffer; then the core in place (segmented when uneven), and the output matmuls the
+  same way into one [H, P, Dv] buffer, returned as HF's concatenated [1, P, H, Dv] (contiguous, as
+  torch.cat gives it); the windows' list is read once per cu_seqlens tensor (`windows`);
 - admitted by bits: that batched and sliced GEMMs give each window HF's per-window bits is a property
   of torch's GEMM on this machine, so a probe (per dtype, device, heads, head dims, thread count and
   longest window) runs HF's loop and the one-pass form on random windows of that signature (equal
@@ -25,6 +25,8 @@ rotary hook and the eager hook apply to it as to HF's), with the loop as one cal
 - otherwise HF's loop, as written in HF's forward (counted as a fallback with the reason).
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -114,45 +116,24 @@ def hf_loop(self, query_states, key_states, value_states, cu_seqlens, attention_
 
 # ---- the one-pass form ----------------------------------------------------------------------------
 
-def _runs(lengths: list) -> list:
-    """(start row, end row, window length, windows) of each run of consecutive equal-length windows."""
-    out, s, i = [], 0, 0
-    while i < len(lengths):
-        L, j = lengths[i], i
-        while j < len(lengths) and lengths[j] == L:
-            j += 1
-        n = j - i
-        out.append((s, s + n * L, L, n))
-        s += n * L
-        i = j
-    return out
+def one_pass(q, k, v, cu_seqlens, scaling: float):
+    """HF's per-window eager attention for every window at once (opgym::attn_windows, attn_softmax.cpp);
+    q, k, v: [1, H, P, D] (HF's views); returns [1, P, H, Dv], HF's concatenated output."""
+    return torch.ops.opgym.attn_windows.default(q, k, v, float(scaling), cu_seqlens)
 
 
-def one_pass(q, k, v, cu_seqlens, lengths: list, scaling: float):
-    """HF's per-window eager attention for every window at once; q, k, v: [1, H, P, D] (HF's views);
-    returns [1, P, H, Dv], HF's concatenated output."""
-    _, H, P, D = q.shape
-    Dv = v.shape[-1]
-    q3, k3, v3 = q[0], k[0], v[0]
-    ops = torch.ops.opgym
-    if len(set(lengths)) == 1:
-        L, n = lengths[0], len(lengths)
-        w = torch.matmul(q3.view(H, n, L, D), k3.view(H, n, L, D).transpose(-1, -2))
-        ops.attn_softmax_(w, float(scaling), None)
-        o = torch.matmul(w, v3.view(H, n, L, Dv)).view(H, P, Dv)
-    else:
-        runs = _runs(lengths)
-        Lmax = max(lengths)
-        w = torch.empty(H, P, Lmax, dtype=q.dtype, device=q.device)
-        for s, e, L, n in runs:
-            torch.matmul(q3[:, s:e].view(H, n, L, D), k3[:, s:e].view(H, n, L, D).transpose(-1, -2),
-                         out=w[:, s:e, :L].view(H, n, L, L))
-        ops.attn_softmax_segments_(w, float(scaling), cu_seqlens, False)
-        o = torch.empty(H, P, Dv, dtype=q.dtype, device=q.device)
-        for s, e, L, n in runs:
-            torch.matmul(w[:, s:e, :L].view(H, n, L, L), v3[:, s:e].view(H, n, L, Dv),
-                         out=o[:, s:e].view(H, n, L, Dv))
-    return o.transpose(0, 1).unsqueeze(0)
+_WINDOWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # cu_seqlens -> (its version, its list)
+
+
+def windows(cu_seqlens: torch.Tensor) -> list:
+    """cu_seqlens as a list, read once per tensor (HF passes the same tensor to every block of a forward)
+    while its version counter says it is unchanged."""
+    hit = _WINDOWS.get(cu_seqlens)
+    if hit is not None and hit[0] == cu_seqlens._version:
+        return hit[1]
+    cu = cu_seqlens.tolist()
+    _WINDOWS[cu_seqlens] = (cu_seqlens._version, cu)
+    return cu
 
 
 def _probe_lengths(Lmax: int) -> list:
@@ -188,7 +169,7 @@ def probe(sig: tuple) -> bool:
             scaling = D ** -0.5
             ref = torch.cat([hf.eager_attention_forward(_M, a, b, c, None, scaling)[0] for a, b, c in
                              zip(*(torch.split(t, lengths, dim=2) for t in (q, k, v)))], dim=1)
-            got = one_pass(q, k, v, cu, lengths, scaling)
+            got = one_pass(q, k, v, cu, scaling)
             if not torch.equal(ref, got):
                 return False
     return True
@@ -221,9 +202,7 @@ def make_vision_attention(eager_functions, counters, devices, switch):
     eager_ids = {id(f) for f in eager_functions}
 
     def fused(self, q, k, v, cu_seqlens, attention_interface, kwargs):
-        cu = cu_seqlens.tolist()
-        lengths = [b - a for a, b in zip(cu, cu[1:])]
-        return one_pass(q, k, v, cu_seqlens, lengths, self.scaling)
+        return one_pass(q, k, v, cu_seqlens, self.scaling)
 
     def check(self, q, k, v, cu_seqlens, attention_interface, kwargs):
         if torch.compiler.is_compiling():
@@ -243,7 +222,7 @@ def make_vision_attention(eager_functions, counters, devices, switch):
             return "dropout in training"
         if q.dim() != 4 or q.shape[0] != 1 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
             return "query/key/value shapes not HF's [1, H, P, D]"
-        cu = cu_seqlens.tolist()
+        cu = windows(cu_seqlens)
         if len(cu) < 2 or cu[0] != 0 or cu[-1] != q.shape[2]:
             return "cu_seqlens does not cover the patches"
         lengths = [b - a for a, b in zip(cu, cu[1:])]
