@@ -51,6 +51,9 @@ def test_logits_and_tokens_bit_identical_all_ops(uneven):
         st = h.stats()["ops"]["attn_softmax"]
     assert torch.equal(got, ref) and torch.equal(gen, gen_ref)
     assert st["fallback"] == 0 and st["fused"] > 0, st
+    with opgym.patch(model) as h, torch.inference_mode():  # inference tensors: no version counter to cache on
+        assert torch.equal(model(**inputs).logits, ref)
+        assert h.stats()["fallback"] == 0
     for _, m in model.named_modules():
         assert "forward" not in m.__dict__ and "_opgym_patched" not in m.__dict__
     assert not _hooked_modules()

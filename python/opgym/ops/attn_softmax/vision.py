@@ -127,7 +127,10 @@ _WINDOWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # cu_seqlen
 
 def windows(cu_seqlens: torch.Tensor) -> list:
     """cu_seqlens as a list, read once per tensor (HF passes the same tensor to every block of a forward)
-    while its version counter says it is unchanged."""
+    while its version counter says it is unchanged; an inference tensor has no version counter, so it
+    is read at every call."""
+    if cu_seqlens.is_inference():
+        return cu_seqlens.tolist()
     hit = _WINDOWS.get(cu_seqlens)
     if hit is not None and hit[0] == cu_seqlens._version:
         return hit[1]
