@@ -180,11 +180,12 @@ def test_table_printed(tiny_report):
 
 def test_env_switch_off_gives_identical_logits(tmp_path):
     """Control for the agreement figures: with the fused paths switched off (OPGYM_RMS_NORM=0,
-    OPGYM_ADD_RMS_NORM=0, OPGYM_ROTARY=0, OPGYM_SWIGLU=0) the
+    OPGYM_ADD_RMS_NORM=0, OPGYM_ROTARY=0, OPGYM_SWIGLU=0, OPGYM_ATTN_SOFTMAX=0) the
     patched model runs HF's own forward, every call is a fallback and the logits are bit-identical."""
     out = tmp_path / "r.json"
     r = opgym_run(*TINY, *ONE_THREAD, "--report", str(out), env={"OPGYM_RMS_NORM": "0", "OPGYM_ADD_RMS_NORM": "0",
-                                                                 "OPGYM_ROTARY": "0", "OPGYM_SWIGLU": "0"})
+                                                                 "OPGYM_ROTARY": "0", "OPGYM_SWIGLU": "0",
+                                                                 "OPGYM_ATTN_SOFTMAX": "0"})
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(out.read_text())
     assert rep["calls"]["fused"] == 0 and rep["calls"]["fallback"] > 0
