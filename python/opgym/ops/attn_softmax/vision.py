@@ -122,20 +122,22 @@ def one_pass(q, k, v, cu_seqlens, scaling: float):
     return torch.ops.opgym.attn_windows.default(q, k, v, float(scaling), cu_seqlens)
 
 
-_WINDOWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # cu_seqlens -> (its version, its list)
+_WINDOWS: dict = {}  # id(cu_seqlens) -> (weakref to it, its version, its list)
 
 
 def windows(cu_seqlens: torch.Tensor) -> list:
-    """cu_seqlens as a list, read once per tensor (HF passes the same tensor to every block of a forward)
-    while its version counter says it is unchanged; an inference tensor has no version counter, so it
-    is read at every call."""
+    """cu_seqlens as a list, read once per tensor (HF passes the same tensors to every block of a forward:
+    the windows' and the full blocks') while its version counter says it is unchanged; an inference
+    tensor has no version counter, so it is read at every call."""
     if cu_seqlens.is_inference():
         return cu_seqlens.tolist()
-    hit = _WINDOWS.get(cu_seqlens)
-    if hit is not None and hit[0] == cu_seqlens._version:
-        return hit[1]
+    hit = _WINDOWS.get(id(cu_seqlens))
+    if hit is not None and hit[0]() is cu_seqlens and hit[1] == cu_seqlens._version:
+        return hit[2]
     cu = cu_seqlens.tolist()
-    _WINDOWS[cu_seqlens] = (cu_seqlens._version, cu)
+    if len(_WINDOWS) >= 8:
+        _WINDOWS.clear()
+    _WINDOWS[id(cu_seqlens)] = (weakref.ref(cu_seqlens), cu_seqlens._version, cu)
     return cu
 
 
@@ -238,7 +240,13 @@ def make_vision_attention(eager_functions, counters, devices, switch):
             return "one-pass GEMM bits differ from HF's per-window ones (probe)"
         return None
 
-    call = guarded(switch, counters, fused, hf_loop, check)
+    def safe_check(*args):
+        try:
+            return check(*args)
+        except Exception as e:  # noqa: BLE001 - never raise because of opgym
+            return f"opgym check raised {type(e).__name__}"
+
+    call = guarded(switch, counters, fused, hf_loop, safe_check)
 
     def opgym_vision_attention(self, q, k, v, cu_seqlens, attention_interface, kwargs):
         return call(self, q, k, v, cu_seqlens, attention_interface, kwargs)
