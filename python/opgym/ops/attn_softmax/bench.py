@@ -94,7 +94,7 @@ def _vision(label, dims, dtype, torch, hf, F, vision, compiled):
     dst = torch.empty_like(src)
     return {
         "copy": lambda: dst.copy_(src),
-        "opgym": lambda: vision.one_pass(q, k, v, cu_t, lengths, m.scaling),
+        "opgym": lambda: vision.one_pass(q, k, v, cu_t, m.scaling),
         "hf_eager": lambda: vision.hf_loop(m, q, k, v, cu_t, hf.eager_attention_forward, {}),
         "sdpa": sdpa_loop,
         "compile": lambda: compiled["vision"](m, q, k, v, cu_t, hf.eager_attention_forward, {}),
