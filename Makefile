@@ -11,7 +11,7 @@ APT_PACKAGES := cmake ninja-build g++ make libgtest-dev libgmock-dev nlohmann-js
 FUZZ_SECONDS ?= 10
 CMAKE_ARGS ?=
 
-.PHONY: all deps venv build build-asan build-fuzz test test-cpp test-asan test-fuzz test-python test-huge test-hf install-python run bench coverage coverage-old clean \
+.PHONY: all deps venv build build-asan build-fuzz test test-cpp test-asan test-fuzz test-python test-huge test-hf test-hf-ci install-python run bench coverage coverage-old clean \
         venv-vllm install-vllm test-vllm serve-bench
 
 all: build
@@ -68,7 +68,9 @@ test-python: install-python
 test-huge: install-python
 	cd tests && OPGYM_HUGE=1 ../$(PY) -m pytest -q -p no:cacheprovider huge
 
-test: test-cpp test-asan test-fuzz test-python test-huge
+# test-hf-ci: transformers' model tests for the flagship model family (Qwen2.5-VL) and Qwen3 (q/k norms),
+# without and with opgym; `make test-hf` runs all five families.
+test: test-cpp test-asan test-fuzz test-python test-huge test-vllm test-hf-ci
 
 run: install-python
 	$(VENV)/bin/opgym run $(RUN_ARGS)
@@ -102,11 +104,20 @@ $(VENV_VLLM)/.requirements: requirements-vllm.txt
 	touch $@
 venv-vllm: $(VENV_VLLM)/.requirements
 
-# opgym (with its vLLM plugin, registered through the vllm.general_plugins entry point) into that venv,
-# its extension built against that venv's torch in a build tree of its own.
-install-vllm: venv-vllm deps
-	$(PY_VLLM) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
-	  -C build-dir=build-python-vllm/{wheel_tag} .
+# opgym (with its vLLM plugin, registered through the vllm.general_plugins entry point) into that venv.
+# Both venvs pin the same torch (2.13.0 CPU) on the same Python, so the wheel built for .venv (its build
+# tree is install-python's: nothing recompiles) is installed as is; were the two torches ever to differ,
+# the extension is built against .venv-vllm's torch in a build tree of its own.
+install-vllm: venv-vllm install-python
+	@if [ "$$($(PY) -c 'import sys, torch; print(torch.__version__, sys.version_info[:2])')" = \
+	      "$$($(PY_VLLM) -c 'import sys, torch; print(torch.__version__, sys.version_info[:2])')" ]; then \
+	  rm -rf build-wheel && \
+	  $(PY) -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w build-wheel . && \
+	  $(PY_VLLM) -m pip install -q --disable-pip-version-check --no-deps --force-reinstall build-wheel/opgym-*.whl; \
+	else \
+	  $(PY_VLLM) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
+	    -C build-dir=build-python-vllm/{wheel_tag} .; \
+	fi
 
 # The plugin inside vLLM's CPU engine on a tiny Qwen2.5-VL (tests/vllm_plugin/).
 test-vllm: install-vllm
@@ -124,3 +135,6 @@ clean:
 test-hf: install-python
 	$(PY) -m pip install -q --disable-pip-version-check -r tests/hf/requirements.txt
 	nice -n 10 $(PY) tests/hf/driver.py $(HF_TEST_ARGS)
+
+test-hf-ci:
+	$(MAKE) test-hf HF_TEST_ARGS="--models qwen2_5_vl,qwen3"
