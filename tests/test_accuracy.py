@@ -1,11 +1,11 @@
-"""opgym.accuracy: the error table's counting, the token agreement, and that every substitution and
-side leaves the model exactly as it found it."""
+"""opgym.run.accuracy: the error table's counting, the token agreement, and that every side (exact,
+fast tier, compiled) leaves the model exactly as it found it."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from opgym import accuracy as A
+from opgym.run import accuracy as A
 from opgym import models
 
 
@@ -59,49 +59,46 @@ def _logits(model, inputs):
         return model(**inputs, use_cache=False).logits
 
 
-@pytest.mark.parametrize("name", list(A.SUBSTITUTIONS))
-def test_substitution_applies_and_undo_restores_bits(tiny, name):
-    model, inputs, ref = tiny
-    undo = A.SUBSTITUTIONS[name](model)
-    try:
-        sub = _logits(model, inputs)
-        assert torch.isfinite(sub.float()).all()
-        # an inexact substitution stays close: 0.25 is ~100x the differences seen on the embedded model
-        assert (sub.float() - ref.float()).abs().max() < 0.25
-    finally:
-        undo()
-    assert torch.equal(_logits(model, inputs).view(torch.int16), ref.view(torch.int16))
-
-
-def test_patch_embed_linear_replaces_the_conv(tiny):
-    model, inputs, _ = tiny
-    pe = model.model.visual.patch_embed
-    x = inputs["pixel_values"]
-    with torch.inference_mode():
-        conv = pe(x)
-        undo = A.sub_patch_embed_linear(model)
-        try:
-            lin = pe(x)
-        finally:
-            undo()
-        w = pe.proj.weight
-        expect = torch.nn.functional.linear(x.to(w.dtype), w.reshape(w.shape[0], -1))
-    assert torch.equal(lin.view(torch.int16), expect.view(torch.int16))
-    assert lin.shape == conv.shape
-    assert "forward" not in pe.__dict__
-
-
 def test_evaluate_reference_row_is_exact_and_sides_clean_up(tiny):
     model, inputs, ref = tiny
-    sides = A.make_sides(model, ["hf_eager", "sdpa", "rms_norm_one_rounding"])
+    sides = A.build_sides(model, "hf,opgym,fast:sdpa", None, ("sdpa",), ("sdpa",), "eager")
+    assert [s.name for s in sides] == ["HF eager (eager)", "opgym exact", "opgym + sdpa"]
     res = A.evaluate(model, inputs, sides, n_tokens=3, repeats=1)
     rows = {r["side"]: r for r in res["rows"]}
-    assert set(rows) == {"hf_eager", "sdpa", "rms_norm_one_rounding"}
-    r0 = rows["hf_eager"]
+    r0, ex, sd = rows["HF eager (eager)"], rows["opgym exact"], rows["opgym + sdpa"]
     assert r0["logits"]["differ"] == 0 and r0["tokens"]["equal"] == 3 and r0["wall_ratio"] == 1.0
-    assert len(res["ref_margins_ulp"]) == 3
+    assert ex["logits"]["differ"] == 0 and ex["tokens"]["first_divergence"] is None  # the exact tier is exact
+    assert sd["info"]["fast"] == {"sdpa": 3}  # three configs switched: the model's, the text's, the vision's
+    assert len(res["ref_margins_ulp"]) == 3 and all(m >= 0 for m in res["ref_margins_ulp"])
     for r in rows.values():
         assert r["logits"]["n"] == ref.numel() and len(r["prefill_wall_ms_all"]) == 1
+        assert r["floor"]["gemm_ms"] > 0 and r["floor_ratio"] > 0  # the profiled prefill ran GEMMs
+        assert 0 <= r["teacher_forced_agree"] <= 3
+    assert rows["opgym + sdpa"]["floor"]["attention_kernel_ms"] > 0  # SDPA's kernel ran ...
+    assert rows["HF eager (eager)"]["floor"]["attention_kernel_ms"] == 0  # ... and not on the eager side
     assert model.config._attn_implementation == "eager"
+    assert "forward" not in model.__dict__
     assert torch.equal(_logits(model, inputs).view(torch.int16), ref.view(torch.int16))
-    assert "| hf_eager |" in A.markdown(res)
+    md = A.markdown(res)
+    assert "| HF eager (eager) |" in md and "| opgym + sdpa |" in md
+
+
+def test_compiled_side_installs_and_removes_its_forward(tiny):
+    model, inputs, ref = tiny
+    side = A.compiled(model, A.Side("hf"), "hf@compile")
+    assert "compile" in side.info
+    side.on()
+    try:
+        assert "forward" in model.__dict__
+    finally:
+        side.off()
+    assert "forward" not in model.__dict__
+
+
+def test_build_sides_rejects_unknown_names(tiny):
+    from opgym.run.options import UsageError
+
+    model, _, _ = tiny
+    for bad in ("hf,bogus", "hf,fast:nope", "hf,opgym@jit", "hf,hf", ""):
+        with pytest.raises(UsageError):
+            A.build_sides(model, bad, None, ("sdpa",), ("sdpa",), "eager")

@@ -1,50 +1,48 @@
-"""Accuracy of inexact sides against HF eager: the error table an opt-in fast tier (and HF under
-torch.compile) reports, so that a user compares like with like. Prototype for issue 25.
+"""The accuracy section of `opgym run --fast` / `--compile`: every side against HF eager, measured alike.
 
-A *side* is a way to run one model object: `on()` puts it in place, `off()` takes it back out (HF
-eager itself is the side that does nothing). For each side, against the reference side:
+A *side* is a way to run the one model object: `on()` puts it in place, `off()` takes it back out.
+HF eager (the model as built, reference) is the side that does nothing; the others are opgym.patch
+(exact), opgym.patch(exact=False) (the fast tier), and any of these under torch.compile. For each side,
+against the reference:
 
     logits   one forward with every position's logits (use_cache=False): ulp distribution in the
              logits' own dtype (numerics.ulp_distance), how many differ, max |diff|, argmax agreement
              per position
-    tokens   greedy generate of N tokens (do_sample=False, min = max = N): equal count, first
-             divergence (index of the first differing new token, None when all equal) with the
-             reference's own top-1 margin (ulps) at that step, and teacher-forced top-1 agreement: each
-             side fed the reference's tokens in one forward, its argmax compared step by step (the
-             per-step error without compounding; the reference's own row shows how far its full forward
-             agrees with its incremental decode)
-    prefill  one forward over the whole prompt with logits for the last position only (what
-             generate's first step does), `repeats` times, the sides interleaved in one process
-             (round r runs the sides in order, reversed on odd rounds); wall and process-CPU medians
-             and the ratio to the reference's
+    tokens   greedy generate of N tokens (do_sample=False, min = max = N): how many equal, the first
+             divergence with the reference's own top-1 margin (ulps) at that step, and teacher-forced
+             top-1 agreement: the side fed the reference's tokens in one forward, its argmax compared
+             step by step (the per-step error without compounding; the reference's own row shows how
+             far its full forward agrees with its incremental decode)
+    prefill  one forward over the prompt with the last position's logits (generate's first step),
+             `repeats` rounds, the sides interleaved in one process (round r runs them in order,
+             reversed on odd rounds): wall and process-CPU medians, each as a ratio to the reference's
+    floor    one profiled prefill per side: the self time of its GEMMs (torch.profiler: aten::mm,
+             addmm, bmm, baddbmm and oneDNN's linear ops), the time the side could not go below without
+             faster GEMMs; the patch embedding's convolution and the fused attention kernel apart
 
-Substitutions (`SUBSTITUTIONS`; each returns an undo), the inexact candidates of the fast tier:
-    patch_embed_linear     the vision patch embedding's Conv3d as one F.linear over the flattened patch
-    sdpa                   every attention through torch SDPA (model.set_attn_implementation)
-    gate_up_merged         each MLP's gate and up projections as one GEMM (weights concatenated), split
-    rms_norm_one_rounding  RMSNorm's weight applied in fp32 and rounded once (HF rounds the normalized
-                           value to the input dtype first, then multiplies in that dtype)
-and `compiled_side` (torch.compile of model.forward, dynamic=True, as `opgym run --compile`).
-
-`python -m opgym.accuracy [--tokens 64] [--repeats 5] [--threads N] [--sides ...] [--json out.json]` runs the table
-on the embedded Qwen2.5-VL-3B architecture (4+4 layers, a 448x448 synthetic page, bf16).
+Why greedy tokens are not the only verdict: on a model with seeded random weights the reference's own
+top-1 margin is often 1 ulp or an exact tie, where any change of rounding (torch.compile's included)
+may pick the other token; the margins at the divergence, and the teacher-forced agreement, say whether
+a side is worse than a coin flip at a tie.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-from .numerics import ulp_distance
+from ..numerics import ulp_distance
 
 ULP_BUCKETS = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 16), (17, 256), (257, None))
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation",
+            "mkldnn::_linear_pointwise", "aten::mkldnn_linear", "mkldnn::_linear_pointwise.binary")
+CONV_OPS = ("aten::mkldnn_convolution", "aten::convolution_overrideable", "aten::slow_conv3d_forward",
+            "aten::_slow_conv2d_forward")
+ATTN_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention",
+            "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_attention_math")
 
 
 # ---------------------------------------------------------------------------------- the measures
@@ -82,95 +80,57 @@ def token_agreement(ref: list, other: list) -> dict:
     return {"n": len(ref), "equal": sum(int(x == y) for x, y in zip(ref, other)), "first_divergence": first}
 
 
-# ---------------------------------------------------------------------------------- substitutions
-def _swap_forward(module, fn, undo: list) -> None:
-    had = "forward" in module.__dict__
-    old = module.__dict__.get("forward")
-    module.forward = fn
-
-    def restore():
-        if had:
-            module.forward = old
-        else:
-            del module.forward
-    undo.append(restore)
+def margins_ulp(scores, dtype) -> list:
+    """Per generated step, the reference's top-1 minus top-2 logit in ulps of the logits' own dtype
+    (generate hands out fp32 copies of them; the cast back is exact): how close each greedy choice was
+    to a tie (0 = a tie that argmax breaks by index, 1 = adjacent values)."""
+    out = []
+    for sc in scores:
+        top = sc[0].to(dtype).topk(2)
+        out.append(int(ulp_distance(top.values[0:1], top.values[1:2])[0]))
+    return out
 
 
-def _run_undo(undo: list) -> Callable[[], None]:
-    def run():
-        while undo:
-            undo.pop()()
-    return run
+def teacher_forced_argmax(model, inputs: dict, tokens: list) -> list:
+    """Argmax of the next-token logits at each of the len(tokens) continuation steps, with `tokens` (the
+    reference's greedy continuation) fed as the input instead of the side's own: the per-step error
+    without compounding. One full forward over prompt + tokens[:-1] (use_cache=False)."""
+    if not tokens:
+        return []
+    ids = torch.cat([inputs["input_ids"],
+                     torch.tensor([tokens[:-1]], dtype=inputs["input_ids"].dtype, device=inputs["input_ids"].device)], 1)
+    kw = dict(inputs, input_ids=ids, attention_mask=torch.ones_like(ids))
+    logits = model(**kw, use_cache=False, logits_to_keep=len(tokens)).logits
+    assert logits.shape[1] == len(tokens), logits.shape
+    return logits[0].argmax(-1).tolist()
 
 
-def sub_patch_embed_linear(model):
-    """Qwen2.5-VL's patch embedding (Conv3d, kernel == stride, no bias) as one GEMM: [P, C*T*H*W] x W^T."""
-    undo = []
-    for m in model.modules():
-        proj = getattr(m, "proj", None)
-        if (type(m).__name__.endswith("PatchEmbed") and isinstance(proj, torch.nn.Conv3d) and proj.bias is None
-                and tuple(proj.kernel_size) == tuple(proj.stride) and proj.padding == (0, 0, 0)):
-            def fwd(hidden_states, _m=m):
-                w = _m.proj.weight
-                w2 = w.reshape(w.shape[0], -1)
-                return F.linear(hidden_states.reshape(-1, w2.shape[1]).to(w.dtype), w2)
-            _swap_forward(m, fwd, undo)
-    return _run_undo(undo)
+def gemm_floor(prefill: Callable[[], object]) -> dict:
+    """One prefill under torch.profiler: self time (ms) of its GEMMs, of the convolutions and of the
+    fused attention kernels (the names in GEMM_OPS, CONV_OPS, ATTN_OPS), with calls per op."""
+    from torch.profiler import ProfilerActivity, profile
 
+    from .measure import quiet_stderr
 
-def sub_sdpa(model):
-    """Every attention through torch's SDPA (text and vision), back to the model's own afterwards."""
-    before = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
-    return lambda: model.set_attn_implementation(before)
+    with quiet_stderr():
+        prof = profile(activities=[ProfilerActivity.CPU])
+        prof.__enter__()
+    try:
+        t0 = time.perf_counter()
+        prefill()
+        wall = (time.perf_counter() - t0) * 1e3
+    finally:
+        with quiet_stderr():
+            prof.__exit__(None, None, None)
+    ka = {e.key: e for e in prof.key_averages()}
 
+    def total(names):
+        return sum(ka[n].self_cpu_time_total for n in names if n in ka) / 1e3
 
-def sub_gate_up_merged(model):
-    """act(gate(x)) * up(x) with gate and up as one F.linear (concatenated weights, bias when there is
-    one), no probe of the bits."""
-    undo = []
-    for m in model.modules():
-        g, u, d = (getattr(m, k, None) for k in ("gate_proj", "up_proj", "down_proj"))
-        if not all(isinstance(x, torch.nn.Linear) for x in (g, u, d)) or not hasattr(m, "act_fn"):
-            continue
-        w = torch.cat([g.weight, u.weight], 0)
-        b = torch.cat([g.bias, u.bias], 0) if g.bias is not None and u.bias is not None else None
-        if (g.bias is None) != (u.bias is None):
-            continue
-        n = g.out_features
-
-        def fwd(x, _m=m, _w=w, _b=b, _n=n):
-            gu = F.linear(x, _w, _b)
-            return _m.down_proj(_m.act_fn(gu[..., :_n]) * gu[..., _n:])
-        _swap_forward(m, fwd, undo)
-    return _run_undo(undo)
-
-
-def sub_rms_norm_one_rounding(model):
-    """RMSNorm with the weight applied in fp32 and one rounding to the input dtype."""
-    undo = []
-    for m in model.modules():
-        if not type(m).__name__.endswith("RMSNorm") or not hasattr(m, "weight"):
-            continue
-        eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
-        if eps is None:
-            continue
-
-        def fwd(hidden_states, _m=m, _eps=eps):
-            dt = hidden_states.dtype
-            h = hidden_states.float()
-            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + _eps)
-            return (_m.weight.float() * h).to(dt)
-        _swap_forward(m, fwd, undo)
-    return _run_undo(undo)
-
-
-SUBSTITUTIONS = {
-    "patch_embed_linear": sub_patch_embed_linear,
-    "sdpa": sub_sdpa,
-    "gate_up_merged": sub_gate_up_merged,
-    "rms_norm_one_rounding": sub_rms_norm_one_rounding,
-}
+    return {"gemm_ms": total(GEMM_OPS), "conv_ms": total(CONV_OPS), "attention_kernel_ms": total(ATTN_OPS),
+            "profiled_prefill_ms": wall,
+            "ops": {n: {"self_ms": ka[n].self_cpu_time_total / 1e3, "calls": ka[n].count}
+                    for n in (*GEMM_OPS, *CONV_OPS, *ATTN_OPS) if n in ka}}
 
 
 # ---------------------------------------------------------------------------------- sides
@@ -179,83 +139,61 @@ class Side:
     name: str
     on: Callable[[], None] = lambda: None
     off: Callable[[], None] = lambda: None
+    info: dict = field(default_factory=dict)  # what the side is: patch, fast substitutions applied, compile
     logits: torch.Tensor | None = None
     tokens: list | None = None
     forced: list | None = None
     wall_ms: list = field(default_factory=list)
     cpu_ms: list = field(default_factory=list)
+    floor: dict | None = None
 
 
-def substitution_side(model, name: str, subs: tuple, opgym_patch: bool = False) -> Side:
-    """A side applying `subs` (names in SUBSTITUTIONS), after opgym.patch(model) when opgym_patch."""
+def patched_side(model, name: str, ops=None, exact: bool = True, fast=None) -> Side:
+    """opgym.patch(model, ops, exact=exact, fast=fast) while on; the first patch's record in side.info."""
+    import opgym
+
+    side = Side(name)
+    side.info = {"patch": "opgym.patch" + ("" if exact else " (exact=False)"), "ops": list(ops or opgym.SUPPORTED_OPS)}
     state = {}
 
     def on():
-        undos = []
-        if opgym_patch:
-            import opgym
-            h = opgym.patch(model)
-            undos.append(h.undo)
-        for s in subs:
-            undos.append(SUBSTITUTIONS[s](model))
-        state["undo"] = undos
+        h = opgym.patch(model, ops=ops, exact=exact, fast=None if exact else fast)
+        if "fast" not in side.info and not exact:
+            side.info["fast"] = {k: len(v) for k, v in h.fast.items()}
+            side.info["fast_notes"] = {k: v for k, v in h.notes.items() if k.startswith("fast ")}
+        state["h"] = h
 
     def off():
-        for u in reversed(state.pop("undo", [])):
-            u()
-    return Side(name, on, off)
+        state.pop("h").undo()
+
+    side.on, side.off = on, off
+    return side
 
 
-def compiled_side(model, name: str = "HF torch.compile", opgym_patch: bool = False, **compile_kwargs) -> Side:
-    """model.forward compiled once (dynamic=True unless given) and reused: on() installs it, off() removes
-    it; dynamo's guards keep the graphs across switches, so interleaving does not recompile."""
+def compiled(model, inner: Side, name: str, **compile_kwargs) -> Side:
+    """`inner` with model.forward compiled (dynamic=True unless given): one torch.compile wrapper per
+    side, made at the first on() and reused; dynamo's guards keep each side's graphs apart, so
+    interleaving the sides does not recompile."""
     compile_kwargs.setdefault("dynamic", True)
     state = {"fn": None}
 
     def on():
-        if opgym_patch:
-            import opgym
-            state["h"] = opgym.patch(model)
+        inner.on()
         if state["fn"] is None:
             state["fn"] = torch.compile(model.forward, **compile_kwargs)
         model.forward = state["fn"]
 
     def off():
-        if "forward" in model.__dict__:
-            del model.forward
-        h = state.pop("h", None)
-        if h is not None:
-            h.undo()
-    return Side(name, on, off)
+        model.__dict__.pop("forward", None)
+        inner.off()
+
+    side = Side(name, on, off)
+    side.info = dict(inner.info, compile=f"torch.compile(model.forward, {', '.join(f'{k}={v}' for k, v in compile_kwargs.items())})")
+    return side
 
 
 # ---------------------------------------------------------------------------------- the run
-def margins_ulp(scores, dtype) -> list:
-    """Per generated step, the reference's top-1 minus top-2 logit in ulps of the logits' own dtype
-    (generate hands out fp32 copies of them; the cast back is exact): how close each greedy choice was
-    to a tie (1 = adjacent values)."""
-    out = []
-    for sc in scores:
-        top = sc[0].to(dtype).topk(2)
-        a, b = top.values[0:1], top.values[1:2]
-        out.append(int(ulp_distance(a, b)[0]))
-    return out
-
-
-def teacher_forced_argmax(model, inputs: dict, tokens: list) -> list:
-    """Argmax of the next-token logits at each of the len(tokens) continuation steps, with `tokens` (a
-    greedy continuation, normally the reference's) fed as the input instead of the side's own: the
-    per-step error without compounding. One full forward over prompt + tokens[:-1] (use_cache=False)."""
-    if not tokens:
-        return []
-    ids = torch.cat([inputs["input_ids"], torch.tensor([tokens[:-1]], dtype=inputs["input_ids"].dtype)], 1)
-    kw = dict(inputs, input_ids=ids, attention_mask=torch.ones_like(ids))
-    logits = model(**kw, use_cache=False, logits_to_keep=len(tokens)).logits
-    assert logits.shape[1] == len(tokens), logits.shape
-    return logits[0].argmax(-1).tolist()
-
-
-def evaluate(model, inputs: dict, sides: list, n_tokens: int = 64, repeats: int = 5,
+def evaluate(model, inputs: dict, sides: list, n_tokens: int = 64, repeats: int = 5, floor: bool = True,
              log: Callable[[str], None] = lambda s: None) -> dict:
     """The table for every side against sides[0] (the reference, normally HF eager). repeats=0: no timing."""
     gen = dict(max_new_tokens=n_tokens, min_new_tokens=n_tokens, do_sample=False, num_beams=1)
@@ -284,7 +222,7 @@ def evaluate(model, inputs: dict, sides: list, n_tokens: int = 64, repeats: int 
             finally:
                 s.off()
         for r in range(repeats):
-            log(f"prefill round {r + 1}/{repeats}")
+            log(f"prefill round {r + 1}/{repeats}, sides interleaved")
             for s in (sides if r % 2 == 0 else list(reversed(sides))):
                 s.on()
                 try:
@@ -294,6 +232,19 @@ def evaluate(model, inputs: dict, sides: list, n_tokens: int = 64, repeats: int 
                     s.cpu_ms.append((time.process_time() - c0) * 1e3)
                 finally:
                     s.off()
+        if floor:
+            for s in sides:
+                log(f"{s.name}: profiled prefill (GEMM floor)")
+                s.on()
+                try:
+                    s.floor = gemm_floor(prefill)
+                finally:
+                    s.off()
+    return result(sides, n_prompt, repeats, ref_margins)
+
+
+def result(sides: list, n_prompt: int, repeats: int, ref_margins) -> dict:
+    """The section's JSON: one row per side, ratios to sides[0]."""
     ref = sides[0]
     rw = statistics.median(ref.wall_ms) if repeats else None
     rc = statistics.median(ref.cpu_ms) if repeats else None
@@ -305,21 +256,33 @@ def evaluate(model, inputs: dict, sides: list, n_tokens: int = 64, repeats: int 
         if tk["first_divergence"] is not None and ref_margins and tk["first_divergence"] < len(ref_margins):
             tk["ref_margin_ulp_at_divergence"] = ref_margins[tk["first_divergence"]]
         tf = sum(int(x == y) for x, y in zip(s.forced, ref.tokens))
-        rows.append({"side": s.name, "logits": error_table(ref.logits, s.logits), "tokens": tk,
-                     "teacher_forced_agree": tf, "teacher_forced_n": len(ref.tokens),
-                     "prefill_wall_ms": w, "prefill_cpu_ms": c,
-                     "wall_ratio": w / rw if repeats else None, "cpu_ratio": c / rc if repeats else None,
-                     "prefill_wall_ms_all": s.wall_ms, "prefill_cpu_ms_all": s.cpu_ms})
+        row = {"side": s.name, "info": s.info, "logits": error_table(ref.logits, s.logits), "tokens": tk,
+               "tokens_list": s.tokens, "teacher_forced_agree": tf, "teacher_forced_n": len(ref.tokens),
+               "prefill_wall_ms": w, "prefill_cpu_ms": c,
+               "wall_ratio": w / rw if repeats else None, "cpu_ratio": c / rc if repeats else None,
+               "prefill_wall_ms_all": s.wall_ms, "prefill_cpu_ms_all": s.cpu_ms, "floor": s.floor}
+        if s.floor is not None and rw:
+            row["floor_ratio"] = s.floor["gemm_ms"] / rw  # the side's GEMM time as a share of the reference's prefill
+        rows.append(row)
     return {"reference": ref.name, "prompt_tokens": n_prompt, "repeats": repeats, "rows": rows,
-            "ref_margins_ulp": ref_margins}
+            "ref_margins_ulp": ref_margins,
+            "measured_as": ("one process, one model object, the sides switched in and out (patch / undo, compiled "
+                            "forward installed / removed); logits: one use_cache=False forward, every position, "
+                            "ulps in the logits' dtype; tokens: greedy generate; teacher-forced: the reference's "
+                            "tokens fed in one forward; prefill: interleaved rounds (order reversed on odd ones), "
+                            "medians of wall and process CPU time, ratios to the reference's medians; floor: the "
+                            "profiler's self time of the GEMM ops in one more prefill (profiled, so slower), "
+                            "floor_ratio = that / the reference's wall median")}
 
 
 def markdown(result: dict) -> str:
-    """The table as markdown: one row per side."""
-    names = [b for b in result["rows"][0]["logits"]["ulp_buckets"]]
+    """The section as a markdown table: one row per side."""
+    names = list(result["rows"][0]["logits"]["ulp_buckets"])
     timed = result["repeats"] > 0
+    floor = any(r.get("floor") for r in result["rows"])
     head = ("| side | " + ("prefill wall ms (x ref) | prefill CPU ms (x ref) | " if timed else "")
-            + "logits differing | " + " | ".join(f"{b} ulp" for b in names)
+            + ("GEMM floor ms (x ref prefill) | " if floor and timed else "")
+            + "logits differing | " + " | ".join(f"{b} ulp" for b in names[1:])
             + " | max abs diff | argmax agree | greedy equal | first divergence (ref margin, ulp) "
               "| teacher-forced top-1 agree |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -330,97 +293,96 @@ def markdown(result: dict) -> str:
                                        if "ref_margin_ulp_at_divergence" in tk else f"{fd}")
         t = (f"{r['prefill_wall_ms']:.0f} ({r['wall_ratio']:.3f}) | {r['prefill_cpu_ms']:.0f} ({r['cpu_ratio']:.3f}) | "
              if timed else "")
+        if floor and timed:
+            t += (f"{r['floor']['gemm_ms']:.0f} ({r['floor_ratio']:.3f}) | " if r.get("floor") else "n/a | ")
         lines.append(
             f"| {r['side']} | {t}{lg['differ']:,} ({100 * lg['differ_share']:.1f}%) | "
-            + " | ".join(f"{lg['ulp_buckets'][b]:,}" for b in names)
+            + " | ".join(f"{lg['ulp_buckets'][b]:,}" for b in names[1:])
             + f" | {lg['max_abs_diff']:.3g} | {lg['argmax_agree']}/{lg['positions']} | {tk['equal']}/{tk['n']} | "
               f"{fd_s} | {r['teacher_forced_agree']}/{r['teacher_forced_n']} |")
     m = result.get("ref_margins_ulp")
     if m:
-        lines.append(f"\nreference top-1 margins over the {len(m)} greedy steps (ulps): min {min(m)}, "
+        lines.append(f"\nreference top-1 margins over its {len(m)} greedy steps (ulps): min {min(m)}, "
                      f"steps within 2 ulps: {sum(1 for x in m if x <= 2)}, within 8: {sum(1 for x in m if x <= 8)}")
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------- CLI (prototype)
-SIDE_SPECS = {
-    # name: (kind, substitutions, opgym.patch)
-    "hf_eager": ("subs", (), False),
-    "hf_compile": ("compile", (), False),
-    "patch_embed_linear": ("subs", ("patch_embed_linear",), False),
-    "sdpa": ("subs", ("sdpa",), False),
-    "gate_up_merged": ("subs", ("gate_up_merged",), False),
-    "rms_norm_one_rounding": ("subs", ("rms_norm_one_rounding",), False),
-    "all_four": ("subs", tuple(SUBSTITUTIONS), False),
-    "opgym": ("subs", (), True),
-    "opgym+patch_embed_linear+sdpa": ("subs", ("patch_embed_linear", "sdpa"), True),
-    "hf_compile+sdpa": ("compile_sdpa", (), False),
-    "opgym_compile": ("compile", (), True),
-}
+# ---------------------------------------------------------------------------------- in `opgym run`
+def default_sides(fast: bool, compile_: bool) -> str:
+    """The section's sides: HF eager (reference), opgym exact, the fast tier with --fast, HF compiled,
+    and with --compile opgym (and its fast tier) compiled."""
+    out = ["hf", "opgym"] + (["fast"] if fast else []) + ["hf@compile"]
+    if compile_:
+        out += ["opgym@compile"] + (["fast@compile"] if fast else [])
+    return ",".join(out)
 
 
-def make_sides(model, names) -> list:
+def side_label(token: str, fast_sel: tuple, attn: str) -> str:
+    kind, _, comp = token.partition("@")
+    base = {"hf": f"HF eager ({attn})", "opgym": "opgym exact", "fast": "opgym fast"}.get(kind)
+    if base is None:
+        base = f"opgym + {kind.split(':', 1)[1]}"
+    if comp:
+        base = base.replace(f"HF eager ({attn})", "HF").replace(" exact", "") + " + compile"
+    return base
+
+
+def build_sides(model, spec: str, ops: tuple, fast_sel: tuple, fast_names: tuple, attn: str) -> list:
+    """Sides from a spec such as "hf,opgym,fast,fast:sdpa,hf@compile" (see --accuracy-sides)."""
+    from .options import UsageError
+
+    tokens = [t.strip() for t in spec.split(",") if t.strip()]
+    if not tokens:
+        raise UsageError("--accuracy-sides names no side")
     sides = []
-    for n in names:
-        kind, subs, og = SIDE_SPECS[n]
-        if kind == "compile":
-            sides.append(compiled_side(model, n, opgym_patch=og))
-        elif kind == "compile_sdpa":
-            sides.append(_compile_with(model, n, "sdpa"))
+    for t in tokens:
+        kind, at, comp = t.partition("@")
+        if at and comp != "compile":
+            raise UsageError(f"--accuracy-sides: {t!r}: the only suffix is @compile")
+        if kind == "hf":
+            s = Side("hf")
+            s.info = {"patch": None}
+        elif kind == "opgym":
+            s = patched_side(model, t, ops)
+        elif kind == "fast":
+            s = patched_side(model, t, ops, exact=False, fast=fast_sel)
+        elif kind.startswith("fast:") and kind[5:] in fast_names:
+            s = patched_side(model, t, ops, exact=False, fast=(kind[5:],))
         else:
-            sides.append(substitution_side(model, n, subs, og))
+            raise UsageError(f"--accuracy-sides: unknown side {t!r}; sides: hf, opgym, fast, "
+                             + ", ".join(f"fast:{n}" for n in fast_names) + " (each optionally @compile)")
+        if comp:
+            s = compiled(model, s, t)
+        s.name = side_label(t, fast_sel, attn)
+        sides.append(s)
+    if len({s.name for s in sides}) != len(sides):
+        raise UsageError(f"--accuracy-sides {spec}: a side is named twice")
     return sides
 
 
-def _compile_with(model, name, sub):
-    inner = compiled_side(model, name)
-    state = {}
+def section(model, inputs, args, ops: tuple, fast_sel: tuple, progress) -> dict:
+    """The report's `accuracy` section: the sides (--accuracy-sides, or default_sides) against the first,
+    `args.accuracy_tokens` greedy tokens, `args.repeats` interleaved prefill rounds, one profiled prefill each."""
+    from .. import fast_tier
 
-    def on():
-        state["u"] = SUBSTITUTIONS[sub](model)
-        inner.on()
+    spec = args.accuracy_sides or default_sides(bool(args.fast), bool(args.compile))
+    sides = build_sides(model, spec, ops, fast_sel, fast_tier.names(), args.attn)
+    if any("compile" in s.info for s in sides):
+        # each compiled side adds graphs for the prefill, the full-logits forward and decode: more than
+        # dynamo's default recompile limit (8) allows with several compiled sides on one forward
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
-    def off():
-        inner.off()
-        state.pop("u")()
-    return Side(name, on, off)
+    def log(text):
+        progress.step(f"accuracy: {text}")
+        progress.done()
 
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m opgym.accuracy", description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--text-layers", type=int, default=4)
-    p.add_argument("--vision-blocks", type=int, default=4)
-    p.add_argument("--page", type=int, default=448)
-    p.add_argument("--attn", choices=("eager", "sdpa"), default="eager", help="the model's (reference's) attention")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--sides", default=",".join(SIDE_SPECS), help="comma-separated, first = reference")
-    p.add_argument("--json", default=None)
-    a = p.parse_args(argv)
-    from . import models as M
-
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    names = [s for s in a.sides.split(",") if s]
-    unknown = [n for n in names if n not in SIDE_SPECS]
-    if unknown:
-        print(f"unknown sides {unknown}; known: {', '.join(SIDE_SPECS)}", file=sys.stderr)
-        return 2
-    cfg = M.qwen2_5_vl_3b_config(text_layers=a.text_layers, vision_blocks=a.vision_blocks)
-    model = M.build_model(cfg, attn_implementation=a.attn)
-    inputs = M.make_inputs(cfg, image=M.synthetic_page(a.page, a.page))
-    t0 = time.perf_counter()
-    res = evaluate(model, inputs, make_sides(model, names), a.tokens, a.repeats,
-                   log=lambda s: print(f"[{time.perf_counter() - t0:7.1f}s] {s}", file=sys.stderr, flush=True))
-    res.update({"attn": a.attn, "threads": torch.get_num_threads(), "text_layers": a.text_layers,
-                "vision_blocks": a.vision_blocks, "page": a.page, "torch": torch.__version__})
-    print(markdown(res))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
-    return 0
+    out = evaluate(model, inputs, sides, n_tokens=args.accuracy_tokens, repeats=args.repeats, log=log)
+    out["sides_spec"] = spec
+    return out
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def section_steps(args) -> int:
+    """Progress steps the section takes."""
+    spec = args.accuracy_sides or default_sides(bool(args.fast), bool(args.compile))
+    n = len([t for t in spec.split(",") if t.strip()])
+    return 2 * n + args.repeats
