@@ -19,8 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parent.parent
-# tests/huge/ (ops past 2^31 elements, ~10 GB) runs only under `make test-huge` (OPGYM_HUGE=1).
-collect_ignore = [] if os.environ.get("OPGYM_HUGE") else ["huge"]
+# tests/huge/ (ops past 2^31 elements, ~10 GB) runs only under `make test-huge` (OPGYM_HUGE=1);
+# tests/vllm_plugin/ needs the vLLM venv (`make test-vllm`) and tests/hf/ is a driver (`make test-hf`),
+# each with conftest modules of their own that must not shadow this one.
+collect_ignore = ["vllm_plugin", "hf"] + ([] if os.environ.get("OPGYM_HUGE") else ["huge"])
 CASE_FILES = sorted((REPO / "cases").glob("*/rms_norm*.json"))
 PEER_CASES = REPO / ".." / "shared" / "peer-cases" / "rms_norm_test_cases.json"
 DEVICE = os.environ.get("OPGYM_DEVICE", "cpu")

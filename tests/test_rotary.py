@@ -87,7 +87,10 @@ def test_in_place():
 
 @pytest.mark.parametrize("case,exc,match", [
     ("odd_dim", ValueError, "must be even"),
-    ("mrope_sum", ValueError, "sum to half the head dim"),
+    ("mrope_sum", ValueError, "sum to half the rotary dim"),
+    ("rotary_dim", ValueError, "must be even, from 2 to q's last dim"),
+    ("pairs", ValueError, "pairs must be 'half', 'interleaved' or 'deinterleave'"),
+    ("deinterleave_table", ValueError, "pair_table must be set"),
     ("cos_dtype", ValueError, "mode hf computes in q's dtype"),
     ("broadcast", ValueError, "does not broadcast"),
     ("k_dtype", ValueError, "k must have q's dtype"),
@@ -112,6 +115,12 @@ def test_errors_name_the_argument_and_write_nothing(case, exc, match):
         args[1] = k.float()
     elif case == "mode":
         kwargs = {"mode": "fast"}
+    elif case == "rotary_dim":
+        args[2] = args[3] = torch.randn(1, 3, 10).bfloat16()
+    elif case == "pairs":
+        kwargs = {"pairs": "zigzag"}
+    elif case == "deinterleave_table":
+        kwargs = {"pairs": "deinterleave"}
     elif case == "device":
         args[2] = cos.to("meta")
     elif case == "alias":
@@ -131,17 +140,25 @@ def test_opcheck_and_compile():
     opcheck(torch.ops.opgym.rotary.default, (q, k, cos, sin, 1, "hf", None))
     opcheck(torch.ops.opgym.rotary.default, (q.float(), k.float(), cos, sin, 1, "fp32", None))
     opcheck(torch.ops.opgym.rotary_.default, (q.clone(), k.clone(), cos, sin, 1, "hf", None))
+    # the other forms: partial and contiguous (GPT-NeoX), interleaved per-pair (GLM), deinterleave (DeepSeek)
+    opcheck(torch.ops.opgym.rotary.default, (q, k, cos[..., :32], sin[..., :32], 1, "hf", None, "half", False, True))
+    opcheck(torch.ops.opgym.rotary.default, (q, k, cos[..., :16], sin[..., :16], 1, "fp32", None, "interleaved", True))
+    opcheck(torch.ops.opgym.rotary.default, (q, k, cos[..., :32], sin[..., :32], 1, "hf", None, "deinterleave", True,
+                                             True))
+    opcheck(torch.ops.opgym.rotary_.default, (q.clone(), k.clone(), cos[..., :32], sin[..., :32], 1, "hf", None,
+                                              "deinterleave", True))
 
     def f(q, k, cos, sin):
         a, b = torch.ops.opgym.rotary(q, k, cos, sin, 1, "hf")
-        return a + 1, b
+        c, d = torch.ops.opgym.rotary(q, k, cos[..., :32], sin[..., :32], 1, "hf", None, "interleaved", True, True)
+        return a + 1, b, c * 2, d
 
     torch._dynamo.reset()
     for S in (5, 11):
         q, k, cos, sin = _text(1, S, 4, 2, 64, torch.bfloat16, seed=S)
         got = torch.compile(f, fullgraph=True, dynamic=True)(q, k, cos, sin)
         want = f(q, k, cos, sin)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(got, want))
 
 
 def test_no_gradient():
@@ -240,18 +257,19 @@ def test_partial_rotary_and_unverified_functions_fall_back(monkeypatch):
         return hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
 
     st = Stats()
-    rope = integ._make_rope(original, "hf", (st,), frozenset({"cpu"}), vision=False)
+    form = integ.VERIFIED["apply_rotary_pos_emb"]["49be0a48c1397b56"]
+    rope = integ.make_rope(original, form, "half", (st,), frozenset({"cpu"}))
     q, k, cos, sin = _text(1, 3, 2, 1, 64, torch.bfloat16)
     out = rope(q, k, cos, sin)
     assert st.fused == 1 and not calls
     assert torch.equal(out[0], hf.apply_rotary_pos_emb(q, k, cos, sin)[0])
-    # cos/sin covering part of the head (a partial rotary dim): HF's own function takes the call
-    # (and raises for this input, as it would unpatched).
+    # cos/sin covering part of the head (a partial rotary dim) on Qwen2.5-VL's full-dim function: HF's
+    # own function takes the call (and raises for this input, as it would unpatched).
     with pytest.raises(RuntimeError):
         rope(q, k, cos[..., :32].contiguous(), sin[..., :32].contiguous())
-    assert st.reasons == {"partial rotary dim": 1} and calls == [1]
+    assert st.reasons == {"rotary dim 32 of head dim 64 not served by this form": 1} and calls == [1]
     # A modeling module whose apply_rotary_pos_emb differs from the verified one is skipped.
-    monkeypatch.setitem(integ.VERIFIED, "apply_rotary_pos_emb", ({"0000000000000000"}, "hf"))
+    monkeypatch.setitem(integ.VERIFIED, "apply_rotary_pos_emb", {})
     model, _ = _qwen25vl()
     with opgym.patch(model, ops=("rotary",)) as handle:
         assert "not one opgym has verified" in handle.skipped["model.language_model.layers.0.self_attn"]
@@ -277,7 +295,8 @@ def test_compile_whole_patched_model_fullgraph_and_undo_cleans_up():
         ref = model(ids).logits
         with opgym.patch(model, ops=("rotary",)) as handle:
             assert len(handle.patched) == 2
-            assert len([m for m in sys.modules if m.startswith("opgym._hooked.")]) == 1  # one per class
+            # one per class (counted against `before`: a model an earlier test left patched keeps its own)
+            assert len([m for m in set(sys.modules) - before if m.startswith("opgym._hooked.")]) == 1
             got = torch.compile(model, fullgraph=True, backend=backend)(ids).logits
     assert len(graphs) == 1 and graphs[0].count("torch.ops.opgym.rotary") == 2
     assert torch.equal(got, ref)

@@ -106,10 +106,11 @@ def test_top_level_ops_per_decode_step(tiny_report):
 
 
 def test_every_op_has_its_share_of_the_prefill(tiny_report):
-    """Every op of the table gets its share of the profiled prefill on both sides: its sites' forwards
+    """Every op opgym.patch applies gets its share of the profiled prefill on both sides: its sites' forwards
     (HF's on the baseline, the patched ones on the opgym side) and, on the opgym side, the self time of
     its own operators; RMSNorm's figures are its op's."""
-    from opgym.ops import OPS, spec
+    from opgym import SUPPORTED_OPS as OPS
+    from opgym.ops import spec
 
     rep, r = tiny_report
     b, o = rep["baseline"]["op_shares"], rep["opgym"]["op_shares"]
@@ -219,7 +220,7 @@ def ablation_report(tmp_path_factory):
 
 
 def test_ablation_one_variant_per_op_and_all(ablation_report):
-    from opgym.ops import OPS as SUPPORTED_OPS
+    from opgym import SUPPORTED_OPS
 
     rep, r, _ = ablation_report
     ab = rep["ablation"]
@@ -312,7 +313,7 @@ def test_saved_checkpoint_loads_through_model(saved_checkpoint, tmp_path):
     assert rep["config"]["text_layers"] == 1 and rep["config"]["text_hidden_size"] == 256
     assert rep["calls"]["fused"] > 0 and rep["calls"]["fallback"] == 0
     # every op patched into the loaded checkpoint, each fused at least once
-    from opgym.ops import OPS as SUPPORTED_OPS
+    from opgym import SUPPORTED_OPS
 
     assert {op: v["fused"] > 0 for op, v in rep["calls"]["per_op"].items()} == {op: True for op in SUPPORTED_OPS}
     assert rep["agreement"]["tokens_identical"] is True

@@ -11,7 +11,7 @@ the same way:
     decode       `--repeats` x generate(do_sample=False, max_new_tokens = min_new_tokens = N);
                  the time of each new token is taken from a streamer, so decode tokens/s is
                  (N - 1) / (time of token N - time of token 1): the prefill is not in it; median
-    profile      one more prefill under torch.profiler; for every op of the op table (opgym.ops.OPS),
+    profile      one more prefill under torch.profiler; for every op opgym.patch applies (SUPPORTED_OPS),
                  each call of its sites (the modules its integration's sites(model) names) wrapped in a
                  record_function range: the op's share = those ranges (self + children) / the whole
                  forward's range, on both sides, and on the opgym side the self time of its torch

@@ -1,7 +1,7 @@
 """The profiled prefill of a side (torch.profiler): where the time goes (the model's parts, the top
 ops, each op's share, copies) and the top-level ops of one decode step.
 
-Each op's share, for every op of the op table (opgym.ops.OPS), on both sides:
+Each op's share, for every op opgym.patch applies (opgym.SUPPORTED_OPS), on both sides:
     sites      a record_function range around each call of the op's sites' forwards (the modules its
                integration's sites(model) names: the modules whose HF forward the op serves or
                contains), self + children: HF's own ops on the baseline, the patched forward and
@@ -31,12 +31,13 @@ def op_label(op: str) -> str:
 
 
 def op_sites(model) -> dict:
-    """op -> the modules of its sites (its integration's sites(model)), for every op of the table; taken
+    """op -> the modules of its sites (its integration's sites(model)), for every op opgym.patch applies; taken
     from the model as built, so that both sides label the same modules."""
-    from ..ops import OPS, part
+    from .. import SUPPORTED_OPS
+    from ..ops import part
 
     out = {}
-    for op in OPS:
+    for op in SUPPORTED_OPS:
         integ = part(op, "integration")
         out[op] = [m for _, m in integ.sites(model)] if integ is not None and hasattr(integ, "sites") else []
     return out

@@ -2,7 +2,9 @@
 //   PyPTO-Gym's MRoPE (mrope_test_cases.json): inputs q, k, cos, sin [3, ...] and params mrope_section,
 //     unsqueeze_dim; output {"q_shape", "k_shape", "dtype"} (no tensors); HF's text rounding (mode hf).
 //   opgym's own (cases/<model>/rotary.json): inputs q, k, cos, sin and params mode ("hf" text, "fp32"
-//     vision), unsqueeze_dim, optional mrope_section; outputs q_out and k_out tensors.
+//     vision), unsqueeze_dim, optional mrope_section, pairs ("half" by default, "interleaved",
+//     "deinterleave") and pair_table (false by default); outputs q_out and k_out tensors. A rotary dim
+//     below the head dim is cos's shape (its last dim, or twice it with pair_table).
 // A case passes when the declared outputs have q's and k's shapes and dtype, and both of the kernel's
 // outputs are allclose (case rtol/atol) to the golden's; the figures are over both outputs together.
 #include <string>
@@ -36,8 +38,12 @@ cases::CaseResult run_rotary_case(const cases::Case& c, const cases::CaseFile& f
       if (sec.size() != 3) return fail("mrope_section must hold three lengths");
       for (int i = 0; i < 3; ++i) o.mrope_section[i] = sec[i];
     }
+    if (c.params.contains("pairs")) o.pairs = parse_rotary_pairs(c.params.at("pairs").get<std::string>());
+    if (c.params.contains("pair_table")) o.pair_table = c.params.at("pair_table").get<bool>();
   } catch (const Json::exception& e) {
-    return fail(std::string("bad mode, unsqueeze_dim or mrope_section: ") + e.what());
+    return fail(std::string("bad mode, unsqueeze_dim, mrope_section, pairs or pair_table: ") + e.what());
+  } catch (const Error& e) {
+    return fail(e.what());
   }
   const TensorSpec &q = *spec[0], &k = *spec[1];
   // The declared outputs: tensors named like q*/k*, or MRoPE's q_shape / k_shape / dtype.
@@ -63,7 +69,9 @@ cases::CaseResult run_rotary_case(const cases::Case& c, const cases::CaseFile& f
   CaseResult r;
   r.id = c.id;
   r.shape = "q " + q.shape_str() + " k " + k.shape_str();
-  r.dtype = std::string(dtype_name(q.dtype)) + "/" + rotary_mode_name(o.mode) + (o.mrope() ? "/mrope" : "");
+  r.dtype = std::string(dtype_name(q.dtype)) + "/" + rotary_mode_name(o.mode) + (o.mrope() ? "/mrope" : "") +
+            (o.pairs != RotaryPairs::half ? std::string("/") + rotary_pairs_name(o.pairs) : "") +
+            (o.pair_table ? "/pair_table" : "");
   int64_t bytes = 0;
   for (const TensorSpec* t : spec) bytes += t->numel() * static_cast<int64_t>(dtype_size(t->dtype) + 8);
   check_budget(2 * bytes, file, c, opt);

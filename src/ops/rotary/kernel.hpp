@@ -1,6 +1,6 @@
 // What the rotary front hands the per-ISA CPU kernels: one validated call flattened to rows of q then
-// rows of k, each row with its cos and sin rows (broadcast dims have stride 0) and, for MRoPE, the
-// half-row cut into the three sections with the stream each reads.
+// rows of k, each row with its cos and sin rows (broadcast dims have stride 0), the rotary dim and the
+// pairing, and, for MRoPE, the pairs cut into the three sections with the stream each reads.
 #pragma once
 #include <cstdint>
 
@@ -31,8 +31,12 @@ struct RotaryJob {
   const char* sin = nullptr;
   DType x_dtype = DType::float32, cs_dtype = DType::float32;
   bool hf = true;
-  int64_t dim = 0, half = 0;
-  // The half row in segments [begin, begin + len), each reading cos/sin at an extra element offset
+  // dim: the row (head dim D); rot: the rotary dim R (even, <= D); half: R / 2, the number of pairs.
+  // Dims [rot, dim) are copied unless the row is rotated in place.
+  int64_t dim = 0, rot = 0, half = 0;
+  RotaryPairs pairs = RotaryPairs::half;
+  bool pair_table = false;  // cos/sin entry j serves both elements of pair j (else element i reads entry i)
+  // The pairs in segments [begin, begin + len), each reading cos/sin at an extra element offset
   // (the MRoPE stream's; one segment at offset 0 without MRoPE).
   int segments = 1;
   int64_t seg_begin[3] = {}, seg_len[3] = {}, seg_cos[3] = {}, seg_sin[3] = {};

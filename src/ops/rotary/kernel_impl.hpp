@@ -1,11 +1,19 @@
 // The rotary CPU kernel, written once over a "group of 64 floats" (S) and compiled per instruction
-// set. A row's two halves are taken 64 pairs at a time: both halves of x and the matching cos and sin
-// are loaded before either half is stored, so out may be x itself (in place).
-// hf mode rounds each product and the sum to x's dtype (S::round_trip; exact products, since two
-// 16-bit floats multiply exactly in fp32); fp32 mode keeps fp32 until the store. Negation is exact.
+// set. Pairs are taken 64 at a time: both elements of each pair and the matching cos and sin are
+// loaded before either output is stored, so out may be x itself (in place).
+// - half pairs read the two halves of the rotary dim as they lie;
+// - interleaved pairs are gathered (even and odd elements of the group's 128) into scratch groups,
+//   rotated, and scattered back to the same places;
+// - deinterleave (adjacent pairs in, halves out) gathers the whole rotated part of a row first (its
+//   outputs land where later pairs are still to be read, in place).
+// Dims [R, D) are copied unless the row is rotated in place. hf mode rounds each product and the sum
+// to x's dtype (S::round_trip; exact products, since two 16-bit floats multiply exactly in fp32); fp32
+// mode keeps fp32 until the store. Negation is exact.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "core/storage.hpp"
 #include "ops/rotary/kernel.hpp"
@@ -13,30 +21,75 @@
 namespace opgym {
 namespace {  // NOLINT: internal linkage per instruction set, see core/convert.hpp
 
+// n <= kGroup pairs: out_a = a * ca + (-b) * sa, out_b = b * cb + a * sb (every load before a store).
+template <class S, class TX, class TC, bool kHf>
+inline void rotate_group(const typename TX::storage* a, const typename TX::storage* b, const typename TC::storage* ca,
+                         const typename TC::storage* sa, const typename TC::storage* cb,
+                         const typename TC::storage* sb, typename TX::storage* oa, typename TX::storage* ob,
+                         int64_t n) {
+  using G = typename S::G;
+  auto rt = [](const G& g) { return kHf ? S::template round_trip<TX>(g) : g; };
+  const G x1 = load_some<S, TX>(a, n), x2 = load_some<S, TX>(b, n);
+  const G c1 = load_some<S, TC>(ca, n), s1 = load_some<S, TC>(sa, n);
+  const G c2 = cb == ca ? c1 : load_some<S, TC>(cb, n), s2 = sb == sa ? s1 : load_some<S, TC>(sb, n);
+  const G o1 = S::add(rt(S::mul(x1, c1)), rt(S::mul(S::mul(x2, S::splat(-1.0f)), s1)));
+  const G o2 = S::add(rt(S::mul(x2, c2)), rt(S::mul(x1, s2)));
+  store_some<S, TX>(oa, o1, n);
+  store_some<S, TX>(ob, o2, n);
+}
+
+// Scratch for adjacent pairs: one group of gathered pairs and tables, and (deinterleave) a whole row.
+template <class TX, class TC>
+struct PairScratch {
+  typename TX::storage a[64], b[64];
+  typename TC::storage ca[64], cb[64], sa[64], sb[64];
+  std::vector<typename TX::storage> row_a, row_b;
+};
 
 template <class S, class TX, class TC, bool kHf>
 void rotate_row(const detail::RotaryJob& job, const typename TX::storage* x, typename TX::storage* o,
-                const typename TC::storage* c, const typename TC::storage* s) {
-  using G = typename S::G;
+                const typename TC::storage* c, const typename TC::storage* s, PairScratch<TX, TC>& w) {
+  static_assert(S::kGroup == 64, "the scratch holds one group of 64");
   const int64_t h = job.half;
-  const G minus = S::splat(-1.0f);
-  auto rt = [](const G& g) { return kHf ? S::template round_trip<TX>(g) : g; };
-  for (int seg = 0; seg < job.segments; ++seg) {
-    const typename TC::storage* cs = c + job.seg_cos[seg];
-    const typename TC::storage* ss = s + job.seg_sin[seg];
-    const int64_t end = job.seg_begin[seg] + job.seg_len[seg];
-    for (int64_t j = job.seg_begin[seg]; j < end; j += S::kGroup) {
-      const int64_t n = end - j < S::kGroup ? end - j : S::kGroup;
-      const G x1 = load_some<S, TX>(x + j, n), x2 = load_some<S, TX>(x + h + j, n);
-      const G c1 = load_some<S, TC>(cs + j, n), c2 = load_some<S, TC>(cs + h + j, n);
-      const G s1 = load_some<S, TC>(ss + j, n), s2 = load_some<S, TC>(ss + h + j, n);
-      // out[j] = x1 * c1 + (-x2) * s1; out[h + j] = x2 * c2 + x1 * s2
-      const G o1 = S::add(rt(S::mul(x1, c1)), rt(S::mul(S::mul(x2, minus), s1)));
-      const G o2 = S::add(rt(S::mul(x2, c2)), rt(S::mul(x1, s2)));
-      store_some<S, TX>(o + j, o1, n);
-      store_some<S, TX>(o + h + j, o2, n);
+  if (job.pairs == RotaryPairs::half) {
+    for (int seg = 0; seg < job.segments; ++seg) {
+      const typename TC::storage* cs = c + job.seg_cos[seg];
+      const typename TC::storage* ss = s + job.seg_sin[seg];
+      const int64_t end = job.seg_begin[seg] + job.seg_len[seg];
+      const int64_t second = job.pair_table ? 0 : h;  // where pair j's second element reads its table
+      for (int64_t j = job.seg_begin[seg]; j < end; j += S::kGroup) {
+        const int64_t n = std::min<int64_t>(end - j, S::kGroup);
+        rotate_group<S, TX, TC, kHf>(x + j, x + h + j, cs + j, ss + j, cs + second + j, ss + second + j, o + j,
+                                     o + h + j, n);
+      }
+    }
+  } else if (job.pairs == RotaryPairs::interleaved) {
+    for (int64_t j = 0; j < h; j += S::kGroup) {
+      const int64_t n = std::min<int64_t>(h - j, S::kGroup);
+      const typename TX::storage* xg = x + 2 * j;
+      for (int64_t i = 0; i < n; ++i) w.a[i] = xg[2 * i], w.b[i] = xg[2 * i + 1];
+      const typename TC::storage *ca = c + j, *sa = s + j, *cb = ca, *sb = sa;
+      if (!job.pair_table) {
+        const typename TC::storage *cg = c + 2 * j, *sg = s + 2 * j;
+        for (int64_t i = 0; i < n; ++i)
+          w.ca[i] = cg[2 * i], w.cb[i] = cg[2 * i + 1], w.sa[i] = sg[2 * i], w.sb[i] = sg[2 * i + 1];
+        ca = w.ca, cb = w.cb, sa = w.sa, sb = w.sb;
+      }
+      rotate_group<S, TX, TC, kHf>(w.a, w.b, ca, sa, cb, sb, w.a, w.b, n);
+      typename TX::storage* og = o + 2 * j;
+      for (int64_t i = 0; i < n; ++i) og[2 * i] = w.a[i], og[2 * i + 1] = w.b[i];
+    }
+  } else {  // deinterleave (pair tables only)
+    if (static_cast<int64_t>(w.row_a.size()) < h) w.row_a.resize(h), w.row_b.resize(h);
+    for (int64_t i = 0; i < h; ++i) w.row_a[i] = x[2 * i], w.row_b[i] = x[2 * i + 1];
+    for (int64_t j = 0; j < h; j += S::kGroup) {
+      const int64_t n = std::min<int64_t>(h - j, S::kGroup);
+      rotate_group<S, TX, TC, kHf>(w.row_a.data() + j, w.row_b.data() + j, c + j, s + j, c + j, s + j, o + j,
+                                   o + h + j, n);
     }
   }
+  if (o != x && job.dim > job.rot)
+    std::memcpy(o + job.rot, x + job.rot, static_cast<size_t>(job.dim - job.rot) * sizeof(*x));
 }
 
 // Rows in runs along the innermost leading dim (offsets advanced by adding strides; the row index
@@ -47,6 +100,7 @@ void rows_typed(const detail::RotaryJob& job, int64_t begin, int64_t end) {
   using PC = typename TC::storage;
   const PC* c = reinterpret_cast<const PC*>(job.cos);
   const PC* s = reinterpret_cast<const PC*>(job.sin);
+  PairScratch<TX, TC> scratch;
   for (int64_t r = begin; r < end;) {
     const bool is_q = r < job.t[0].rows;
     const detail::RotaryTensor& t = is_q ? job.t[0] : job.t[1];
@@ -62,7 +116,7 @@ void rows_typed(const detail::RotaryJob& job, int64_t begin, int64_t end) {
     const PX* x = reinterpret_cast<const PX*>(t.in) + io;
     PX* o = reinterpret_cast<PX*>(t.out) + oo;
     for (int64_t n = 0; n < run; ++n)
-      rotate_row<S, TX, TC, kHf>(job, x + n * dx, o + n * dout, c + co + n * dc, s + so + n * ds);
+      rotate_row<S, TX, TC, kHf>(job, x + n * dx, o + n * dout, c + co + n * dc, s + so + n * ds, scratch);
     r += run;
   }
 }

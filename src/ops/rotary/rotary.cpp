@@ -40,6 +40,16 @@ RotaryMode parse_rotary_mode(std::string_view n) {
 }
 const char* rotary_mode_name(RotaryMode m) { return m == RotaryMode::hf ? "hf" : "fp32"; }
 
+RotaryPairs parse_rotary_pairs(std::string_view n) {
+  if (n == "half") return RotaryPairs::half;
+  if (n == "interleaved") return RotaryPairs::interleaved;
+  if (n == "deinterleave") return RotaryPairs::deinterleave;
+  throw err("pairs", "pairs must be 'half', 'interleaved' or 'deinterleave', got '" + std::string(n) + "'");
+}
+const char* rotary_pairs_name(RotaryPairs p) {
+  return p == RotaryPairs::half ? "half" : p == RotaryPairs::interleaved ? "interleaved" : "deinterleave";
+}
+
 namespace detail {
 bool make_rotary_job(const TensorView& q, const TensorView& k, const TensorView& cos, const TensorView& sin,
                      const TensorView& q_out, const TensorView& k_out, const RotaryOptions& opt, RotaryJob& job) {
@@ -56,8 +66,6 @@ bool make_rotary_job(const TensorView& q, const TensorView& k, const TensorView&
     throw err("k", std::string("k must have q's dtype ") + dtype_name(q.dtype) + ", got " + dtype_name(k.dtype));
   if (k.last_dim() != dim)
     throw err("k", "k must have q's last dim " + std::to_string(dim) + ", got " + k.shape_str());
-  if (dim % 2 != 0 || dim < 2)
-    throw err("q", "the last dim (head dim) must be even and >= 2, got " + std::to_string(dim));
   auto like = [&](const TensorView& t, const TensorView& o, const char* name) {
     if (o.rank != t.rank || !std::equal(t.shape.begin(), t.shape.begin() + t.rank, o.shape.begin()))
       throw err(name, std::string(name) + " must have the shape " + t.shape_str() + ", got " + o.shape_str());
@@ -74,7 +82,19 @@ bool make_rotary_job(const TensorView& q, const TensorView& k, const TensorView&
     throw err("cos", std::string("mode hf computes in q's dtype: cos and sin must be ") + dtype_name(q.dtype) + ", got " +
                          dtype_name(cos.dtype) + " (HF casts them to the activations' dtype; mode fp32 takes any)");
   const bool mrope = opt.mrope();
-  const int64_t half = dim / 2;
+  if (opt.pairs != RotaryPairs::half && opt.pairs != RotaryPairs::interleaved && opt.pairs != RotaryPairs::deinterleave)
+    throw err("pairs", "pairs must be half, interleaved or deinterleave");
+  if (opt.pairs == RotaryPairs::deinterleave && !opt.pair_table)
+    throw err("pair_table", "deinterleave reads one cos/sin value per pair: pair_table must be set");
+  if (mrope && (opt.pairs != RotaryPairs::half || opt.pair_table))
+    throw err("mrope_section", "mrope_section takes rotate_half pairs and per-element tables (pairs half, no pair_table)");
+  // The rotary dim: cos's last dim (one value per element) or twice it (one per pair).
+  const int64_t width = cos.rank >= 1 ? cos.last_dim() : 0;
+  const int64_t rot = opt.pair_table ? 2 * width : width;
+  if (rot % 2 != 0 || rot < 2 || rot > dim)
+    throw err("cos", std::string("cos's last dim gives the rotary dim R (") + (opt.pair_table ? "twice it, one value per pair" : "itself, one value per element") +
+                         "), which must be even, from 2 to q's last dim " + std::to_string(dim) + ": got cos " + cos.shape_str());
+  const int64_t half = rot / 2;
   if (mrope) {
     int64_t total = 0;
     for (int64_t s : opt.mrope_section) {
@@ -82,7 +102,7 @@ bool make_rotary_job(const TensorView& q, const TensorView& k, const TensorView&
       total += s;
     }
     if (total != half)
-      throw err("mrope_section", "mrope_section must sum to half the head dim, " + std::to_string(half) + ", got " +
+      throw err("mrope_section", "mrope_section must sum to half the rotary dim, " + std::to_string(half) + ", got " +
                                      std::to_string(total));
   }
   // cos as HF sees it after the unsqueeze: [*, D] (after MRoPE's leading 3) with a size-1 dim inserted.
@@ -92,8 +112,6 @@ bool make_rotary_job(const TensorView& q, const TensorView& k, const TensorView&
                          (mrope ? ", plus MRoPE's leading 3" : "") + "), got " + cos.shape_str());
   if (mrope && cos.shape[0] != 3)
     throw err("cos", "with mrope_section, cos must have a leading dim of 3 (t, h, w), got " + cos.shape_str());
-  if (cos.last_dim() != dim)
-    throw err("cos", "cos must have q's last dim " + std::to_string(dim) + ", got " + cos.shape_str());
   int ud = opt.unsqueeze_dim < 0 ? opt.unsqueeze_dim + rank : opt.unsqueeze_dim;
   if (ud < 0 || ud >= rank - 1)
     throw err("unsqueeze_dim", "unsqueeze_dim must name a dim before the last of q's " + std::to_string(rank) +
@@ -151,7 +169,10 @@ bool make_rotary_job(const TensorView& q, const TensorView& k, const TensorView&
   job.cs_dtype = cos.dtype;
   job.hf = opt.mode == RotaryMode::hf;
   job.dim = dim;
+  job.rot = rot;
   job.half = half;
+  job.pairs = opt.pairs;
+  job.pair_table = opt.pair_table;
   if (mrope) {
     job.segments = 3;
     int64_t b = 0;
@@ -176,7 +197,7 @@ void rotary(const TensorView& q, const TensorView& k, const TensorView& cos, con
   if (!detail::make_rotary_job(q, k, cos, sin, q_out, k_out, opt, job)) return;
   const RowsFn fn = rows_fn(active_cpu_isa());
   const int64_t rows = job.t[0].rows + job.t[1].rows;
-  const int64_t row_bytes = job.dim * static_cast<int64_t>(dtype_size(q.dtype));
+  const int64_t row_bytes = job.dim * static_cast<int64_t>(dtype_size(q.dtype));  // rotated or copied
   Executor& ex = executor ? *executor : default_executor();
   if (rows * row_bytes * 2 < kParallelBytes || ex.max_threads() <= 1) {
     fn(job, 0, rows);

@@ -1,6 +1,6 @@
 // libFuzzer target: opgym::rotary's C++ entry on drawn views (see rms_norm_fuzz.cpp): q and k of
-// drawn layouts (GQA, broadcast cos/sin, MRoPE tables), modes, unsqueeze_dim, sections, in place,
-// aliasing. A call either throws opgym::Error having written nothing, or writes only q_out and k_out
+// drawn layouts (GQA, broadcast cos/sin, MRoPE tables), modes, unsqueeze_dim, sections, pairings,
+// per-pair tables, rotary dims below the head dim (cos's width), in place, aliasing. A call either throws opgym::Error having written nothing, or writes only q_out and k_out
 // and equals the golden.
 #include <memory>
 #include <string>
@@ -22,6 +22,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.unsqueeze_dim = ud == 0 ? 1 : ud - 6;  // HF's 1 by default; -5..3 otherwise
   if (f.ConsumeIntegralInRange(0, 3) == 3)
     for (auto& s : o.mrope_section) s = f.ConsumeIntegralInRange<int64_t>(0, 40);
+  // The pairing (0: rotate_half) and the table (0: one value per element); out-of-range values are refused.
+  o.pairs = static_cast<RotaryPairs>(f.ConsumeIntegralInRange(0, 3) % 4);
+  o.pair_table = f.ConsumeIntegralInRange(0, 3) == 3 || o.pairs == RotaryPairs::deinterleave;
+  const int width_sel = f.ConsumeIntegralInRange(0, 7);  // 0: the whole head; else narrower, odd, wider
   // cos/sin like q without its head dim (HF's tables), or MRoPE's [3, ...]
   TensorView c_like = q;
   if (q.rank >= 2 && q.rank <= kMaxRank) {
@@ -33,6 +37,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       c_like.shape[d] = q.shape[src < q.rank ? src : q.rank - 1];
       ++src;
     }
+    const int64_t D = q.shape[q.rank - 1], full = o.pair_table ? D / 2 : D;
+    const int64_t widths[8] = {full, full / 2, full - 1, full + 1, 1, 0, full / 4, 2};
+    c_like.shape[c_like.rank - 1] = widths[width_sel] < 0 ? 0 : widths[width_sel];
   }
   const DType cd = o.mode == RotaryMode::hf || !f.ConsumeBool() ? q.dtype : fuzz::draw_dtype(f);
   const TensorView c = fuzz::draw_view(f, a, &c_like, cd);

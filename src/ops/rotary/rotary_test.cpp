@@ -1,6 +1,7 @@
 // rotary against its golden on every dtype x ISA x mode x layout (HF's text [B, H, S, D] views with GQA
-// k, the vision tower's [S, H, D], MRoPE's [3, ...] tables, in place), bit for bit; and every error
-// path (nothing written).
+// k, the vision tower's [S, H, D], MRoPE's [3, ...] tables, in place) x pairing (half, interleaved,
+// deinterleave; per-element and per-pair tables; rotary dims below the head dim), bit for bit; and
+// every error path (nothing written).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -32,6 +33,8 @@ struct Layout {
   bool transposed;  // q/k stored as [B, S, H, D] and viewed as [B, H, S, D]
   int unsqueeze_dim;
   bool mrope;
+  RotaryPairs pairs = RotaryPairs::half;
+  bool pair_table = false;
 };
 
 class RotaryMatrix : public ::testing::TestWithParam<std::tuple<DType, CpuIsa, int>> {};
@@ -52,6 +55,23 @@ TEST_P(RotaryMatrix, BitExactWithTheGolden) {
         {"broadcast batch", {B, 4, S, D}, {B, 1, S, D}, {1, S, D}, false, 1, false},
     };
     if (D == 16 || D == 128) layouts.push_back({"mrope", {1, S, 4, D}, {1, S, 2, D}, {3, 1, S, D}, true, 1, true});
+    // HF's other forms: rotary dims R below D (cos R wide, or R / 2 with a per-pair table) and the
+    // interleaved pairings, on the text layout (R = D / 2 and R = D; R = 2 at D = 2).
+    for (int64_t R : {D / 2 - (D / 2) % 2, D}) {
+      if (R < 2) continue;
+      layouts.push_back({R == D ? "half R=D" : "half partial", {B, S, 4, D}, {B, S, 2, D}, {B, S, R}, true, 1,
+                         false, RotaryPairs::half, false});
+      layouts.push_back({R == D ? "half pair_table R=D" : "half pair_table R<D", {B, S, 4, D}, {B, S, 2, D},
+                         {B, S, R / 2}, true, 1, false, RotaryPairs::half, true});
+      layouts.push_back({R == D ? "interleaved R=D" : "interleaved R<D", {B, S, 4, D}, {B, S, 2, D}, {B, S, R}, true,
+                         1, false, RotaryPairs::interleaved, false});
+      layouts.push_back({R == D ? "interleaved pair_table R=D" : "interleaved pair_table R<D", {B, S, 4, D},
+                         {B, S, 2, D}, {B, S, R / 2}, true, 1, false, RotaryPairs::interleaved, true});
+      layouts.push_back({R == D ? "deinterleave R=D" : "deinterleave R<D", {B, S, 4, D}, {1, S, 1, D},
+                         {1, S, R / 2}, true, 1, false, RotaryPairs::deinterleave, true});
+    }
+    if (D == 130) layouts.push_back({"partial, odd head dim", {S, 3, D - 1}, {S, 3, D - 1}, {S, 96}, false, -2, false});
+    if (D == 256) layouts.push_back({"mrope partial", {1, S, 4, D}, {1, S, 2, D}, {3, 1, S, 128}, true, 1, true});
     for (const Layout& L : layouts) {
       for (bool in_place : {false, true}) {
         ++seed;
@@ -65,7 +85,9 @@ TEST_P(RotaryMatrix, BitExactWithTheGolden) {
         RotaryOptions o;
         o.mode = mode;
         o.unsqueeze_dim = L.unsqueeze_dim;
-        if (L.mrope) o.mrope_section = D == 128 ? std::array<int64_t, 3>{16, 24, 24} : std::array<int64_t, 3>{2, 3, 3};
+        o.pairs = L.pairs;
+        o.pair_table = L.pair_table;
+        if (L.mrope) o.mrope_section = D >= 128 ? std::array<int64_t, 3>{16, 24, 24} : std::array<int64_t, 3>{2, 3, 3};
         Buffer wq = qs, wk = ks;  // the golden writes into copies with the same layout
         reference::rotary_basic_ops(view(qs), view(ks), cb.view(), sb.view(), view(wq), view(wk), o);
         Buffer gq = qs, gk = ks;
@@ -77,6 +99,13 @@ TEST_P(RotaryMatrix, BitExactWithTheGolden) {
           rotary(view(qs), view(ks), cb.view(), sb.view(), view(gq), view(gk), o);
         }
         const std::string where = std::string(L.name) + " D=" + std::to_string(D) + (in_place ? " in place" : "");
+        if (!in_place) {  // the golden itself: the pass-through dims are q's own bytes
+          const int64_t R = L.cos_shape.back() * (L.pair_table ? 2 : 1), Dq = L.q_store.back();
+          const size_t es = dtype_size(xt);
+          for (size_t row = 0; row < qs.bytes.size() / es / Dq; ++row)
+            ASSERT_EQ(0, std::memcmp(wq.bytes.data() + (row * Dq + R) * es, qs.bytes.data() + (row * Dq + R) * es,
+                                     (Dq - R) * es)) << where;
+        }
         ASSERT_EQ(gq.bytes, wq.bytes) << "q " << where;
         ASSERT_EQ(gk.bytes, wk.bytes) << "k " << where;
       }
@@ -114,6 +143,43 @@ TEST(Rotary, HfModeRoundsEveryStepFp32ModeOnce) {
   EXPECT_EQ(got[1], 1.0f + 3 * 0x1p-7f);
 }
 
+// Where each pairing takes its elements and puts its outputs, on values small enough to be exact:
+// x = 1..8 (R = 8 of D = 10, x[8], x[9] pass through), a per-pair table c = (1, 2, 3, 4), s = (10,
+// 20, 30, 40): pair j's outputs are a * c_j - b * s_j and b * c_j + a * s_j.
+TEST(Rotary, PairingsPlaceTheirElements) {
+  const float c[4] = {1, 2, 3, 4}, s[4] = {10, 20, 30, 40};
+  struct Want {
+    RotaryPairs pairs;
+    float out[10];
+  } wants[] = {
+      // halves: pairs (x1, x5), (x2, x6), (x3, x7), (x4, x8)
+      {RotaryPairs::half, {1 - 50, 4 - 120, 9 - 210, 16 - 320, 5 + 10, 12 + 40, 21 + 90, 32 + 160, 9, 10}},
+      // adjacent pairs (x1, x2), (x3, x4), ... back in place
+      {RotaryPairs::interleaved, {1 - 20, 2 + 10, 6 - 80, 8 + 60, 15 - 180, 18 + 150, 28 - 320, 32 + 280, 9, 10}},
+      // adjacent pairs in, halves out (DeepSeek-V3)
+      {RotaryPairs::deinterleave, {1 - 20, 6 - 80, 15 - 180, 28 - 320, 2 + 10, 8 + 60, 18 + 150, 32 + 280, 9, 10}},
+  };
+  for (const Want& w : wants) {
+    for (bool in_place : {false, true}) {
+      float x[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, k[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, ox[10] = {}, ok[10] = {};
+      RotaryOptions o;
+      o.pairs = w.pairs;
+      o.pair_table = true;
+      o.unsqueeze_dim = 0;  // cos [4] -> [1, 4] against q [1, 10]
+      auto v = [](const float* p, int64_t n) { return TensorView::contiguous(const_cast<float*>(p), DType::float32, {1, n}); };
+      if (in_place)
+        rotary(v(x, 10), v(k, 10), TensorView::contiguous(const_cast<float*>(c), DType::float32, {4}),
+               TensorView::contiguous(const_cast<float*>(s), DType::float32, {4}), v(x, 10), v(k, 10), o);
+      else
+        rotary(v(x, 10), v(k, 10), TensorView::contiguous(const_cast<float*>(c), DType::float32, {4}),
+               TensorView::contiguous(const_cast<float*>(s), DType::float32, {4}), v(ox, 10), v(ok, 10), o);
+      const float* got = in_place ? x : ox;
+      for (int i = 0; i < 10; ++i) EXPECT_EQ(got[i], w.out[i]) << rotary_pairs_name(w.pairs) << " element " << i;
+      EXPECT_EQ(0, std::memcmp(got, in_place ? k : ok, sizeof(x)));
+    }
+  }
+}
+
 struct RotaryErrors : ::testing::Test {
   Buffer q = cases::make_normal(TensorSpec{"q", {1, 4, 3, 8}, DType::bfloat16}, 1, 0);
   Buffer k = cases::make_normal(TensorSpec{"k", {1, 2, 3, 8}, DType::bfloat16}, 1, 1);
@@ -139,7 +205,20 @@ struct RotaryErrors : ::testing::Test {
 TEST_F(RotaryErrors, ShapesDtypesAndSections) {
   Buffer q7 = cases::make_buffer({1, 4, 3, 7}, DType::bfloat16), k7 = cases::make_buffer({1, 2, 3, 7}, DType::bfloat16);
   Buffer c7 = cases::make_buffer({1, 3, 7}, DType::bfloat16);
-  expect_error(q7.view(), k7.view(), c7.view(), c7.view(), q7.view(), k7.view(), "q", "must be even");
+  expect_error(q7.view(), k7.view(), c7.view(), c7.view(), q7.view(), k7.view(), "cos", "must be even, from 2 to");
+  Buffer c10 = cases::make_buffer({1, 3, 10}, DType::bfloat16), c5 = cases::make_buffer({1, 3, 5}, DType::bfloat16);
+  expect_error(q.view(), k.view(), c10.view(), c10.view(), oq.view(), ok.view(), "cos", "from 2 to q's last dim 8");
+  RotaryOptions pt;
+  pt.pair_table = true;
+  expect_error(q.view(), k.view(), c5.view(), c5.view(), oq.view(), ok.view(), "cos", "twice it", pt);
+  RotaryOptions de;
+  de.pairs = RotaryPairs::deinterleave;
+  expect_error(q.view(), k.view(), c.view(), s.view(), oq.view(), ok.view(), "pair_table", "deinterleave", de);
+  RotaryOptions mi;
+  mi.pairs = RotaryPairs::interleaved;
+  mi.mrope_section = {2, 1, 1};
+  Buffer c3i = cases::make_buffer({3, 1, 3, 8}, DType::bfloat16);
+  expect_error(q.view(), k.view(), c3i.view(), c3i.view(), oq.view(), ok.view(), "mrope_section", "pairs half", mi);
   Buffer kf = cases::make_buffer({1, 2, 3, 8}, DType::float32);
   expect_error(q.view(), kf.view(), c.view(), s.view(), oq.view(), kf.view(), "k", "q's dtype bfloat16");
   Buffer cf = cases::make_buffer({1, 3, 8}, DType::float32);

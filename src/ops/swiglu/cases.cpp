@@ -6,7 +6,9 @@
 //     Kernel (OpenBLAS GEMMs + the fused activation) vs golden (fp32 sgemms + the activation op by op),
 //     allclose at the case's rtol/atol.
 //   swiglu: the activation alone (opgym's cases/<model>/swiglu.json): inputs gate and up, or gate_up
-//     [..., 2I] (merged); output out; optional param torch_threads. The contract is bit for bit: the
+//     [..., 2I] (merged); output out; optional params torch_threads, activation ("silu", the default, or
+//     "gelu_tanh": GeGLU) and gate_layout ("contiguous", the default, or "as_given": the halves of
+//     gate_up as views, HF's chunk). The contract is bit for bit: the
 //     case passes when allclose at its tolerances (opgym's files set 0) and reports max ulp.
 #include <cmath>
 #include <cstring>
@@ -51,6 +53,20 @@ SwigluOptions options_of(const cases::Case& c, const cases::CaseFile& file) {
   } catch (const cases::Json::exception& e) {
     throw Error(file.path, file.path + ": case '" + c.id + "': bad torch_threads: " + e.what());
   }
+  std::string act = "silu", layout = "contiguous";
+  try {
+    if (c.params.contains("activation")) act = c.params.at("activation").get<std::string>();
+    if (c.params.contains("gate_layout")) layout = c.params.at("gate_layout").get<std::string>();
+  } catch (const cases::Json::exception& e) {
+    throw Error(file.path, file.path + ": case '" + c.id + "': bad activation or gate_layout: " + e.what());
+  }
+  if (act == "gelu_tanh") o.activation = GluActivation::gelu_tanh;
+  else if (act != "silu")
+    throw Error(file.path, file.path + ": case '" + c.id + "': activation must be silu or gelu_tanh, got " + act);
+  if (layout == "as_given") o.gate_layout = GateLayout::as_given;
+  else if (layout != "contiguous")
+    throw Error(file.path, file.path + ": case '" + c.id + "': gate_layout must be contiguous or as_given, got " +
+                               layout);
   return o;
 }
 

@@ -1,8 +1,9 @@
-// swiglu rows on the avx2 path: kernel_impl.hpp with this path's Simd group and Sleef's AVX2 u10
-// expf (what torch's Vectorized<float>::exp calls on an AVX2 build).
+// swiglu rows on the avx2 path: kernel_impl.hpp with this path's Simd group, an fma, and Sleef's AVX2 u10
+// expf and tanhf (what torch's Vectorized<float>::exp / tanh call on an AVX2 build).
 #if OPGYM_HAVE_SLEEF
 #include <sleef.h>
 #endif
+#include <algorithm>
 #include <cmath>
 
 #include "core/simd_avx2.hpp"
@@ -11,6 +12,24 @@
 namespace opgym::detail {
 namespace {
 struct Exp {
+  static constexpr bool kFma = true;  // torch's AVX2 build contracts gelu's kappa * x3 + x (measured)
+  static Simd::G madd(const Simd::G& a, const Simd::G& b, const Simd::G& c) {
+    Simd::G r;
+    for (int k = 0; k < Simd::kRegs; ++k) r.v[k] = _mm256_fmadd_ps(a.v[k], b.v[k], c.v[k]);
+    return r;
+  }
+  static Simd::G tanh(const Simd::G& x) {
+    Simd::G r;
+#if OPGYM_HAVE_SLEEF
+    for (int k = 0; k < Simd::kRegs; ++k) r.v[k] = Sleef_tanhf8_u10avx2(x.v[k]);
+#else  // built without Sleef: glibc's tanhf per lane
+    alignas(64) float f[Simd::kGroup];
+    Simd::store_raw(f, x);
+    for (float& v : f) v = std::tanh(v);
+    r = Simd::load_raw(f);
+#endif
+    return r;
+  }
   static Simd::G exp(const Simd::G& x) {
     Simd::G r;
 #if OPGYM_HAVE_SLEEF
@@ -49,4 +68,14 @@ struct Exp {
 };
 }  // namespace
 void swiglu_rows_avx2(const SwigluJob& job, int64_t begin, int64_t end) { swiglu_rows_any<Simd, Exp>(job, begin, end); }
+
+void gelu_tanh_f32_avx2(const float* in, float* out, int64_t n) {
+  alignas(64) float buf[Simd::kGroup];
+  for (int64_t i = 0; i < n; i += Simd::kGroup) {
+    const int64_t m = std::min<int64_t>(Simd::kGroup, n - i);
+    for (int64_t k = 0; k < Simd::kGroup; ++k) buf[k] = k < m ? in[i + k] : 0.0f;
+    Simd::store_raw(buf, gelu_tanh_group<Simd, Exp>(Simd::load_raw(buf)));
+    for (int64_t k = 0; k < m; ++k) out[i + k] = buf[k];
+  }
+}
 }  // namespace opgym::detail

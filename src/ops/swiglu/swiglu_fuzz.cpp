@@ -1,10 +1,11 @@
 // libFuzzer target: opgym::swiglu and opgym::swiglu_merged's C++ entries on drawn views (see
 // rms_norm_fuzz.cpp): gate, up and out of drawn layouts and dtypes, or gate_up [..., 2I] with out
 // [..., I]; out in place on gate or up (on gate_up's halves when merged), up the very tensor gate is,
-// overlapping and misaligned views; torch_threads (invalid ones included), ISAs, threads. A call
+// overlapping and misaligned views; torch_threads (invalid ones included), gate_layout (contiguous,
+// as_given, invalid), activation (silu, gelu_tanh, invalid), ISAs, threads. A call
 // either throws opgym::Error having written nothing, or writes only out and equals, bit for bit,
-// the basic-op golden computed on copies of gate and up (for merged, the halves cut here, not by the
-// op's own split).
+// the basic-op golden computed on gate and up before the call (for merged, the halves cut here, not by
+// the op's own split).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,12 +48,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   SwigluOptions o;
   const int tt = f.ConsumeIntegralInRange(0, 20);
   o.torch_threads = tt == 20 ? -f.ConsumeIntegralInRange(0, 2) : 1 + tt;  // 1 by default; 2..20; 0, -1, -2
+  o.gate_layout = static_cast<GateLayout>(f.ConsumeIntegralInRange(0, 2));  // contiguous, as_given, invalid
+  o.activation = static_cast<GluActivation>(f.ConsumeIntegralInRange(0, 2));  // silu, gelu_tanh, invalid
   const CpuIsa isa = static_cast<CpuIsa>(f.ConsumeIntegralInRange(0, 2));
   set_cpu_isa(cpu_supports(isa) ? isa : CpuIsa::scalar);
   Executor* ex = f.ConsumeBool() ? pool.get() : nullptr;
   a.fill(f);  // the values: whatever bytes are left
 
-  // The golden on copies of the inputs, before the call may overwrite them (in place).
+  // The golden before the call may overwrite the inputs (in place), on the views themselves (with
+  // gate_layout as_given, where torch's tails fall depends on gate's strides) into a buffer of its own;
+  // copies of the inputs are kept for the report.
   std::vector<unsigned char> gc, uc, want;
   bool golden_ok = false;
   if (fuzz::readable(gate) && fuzz::readable(up) && out.rank == gate.rank) {
@@ -61,7 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
       TensorView w = fuzz::contiguous_like(gate, want);
       w.dtype = out.dtype;  // the golden refuses what the op must refuse: another dtype than gate's
-      reference::swiglu_basic_ops(fuzz::contiguous_like(gate, gc), fuzz::contiguous_like(up, uc), w, o);
+      reference::swiglu_basic_ops(gate, up, w, o);
       golden_ok = true;
     } catch (const Error&) {
     }
@@ -78,8 +83,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (compare) {
     const auto got = fuzz::gather(out);
     if (!fuzz::same_elements(out.dtype, got, want)) {
-      std::fprintf(stderr, "opgym fuzz: swiglu%s's result differs from the golden's (isa %d, torch_threads %d)\n",
-                   merged ? "_merged" : "", static_cast<int>(active_cpu_isa()), o.torch_threads);
+      std::fprintf(stderr, "opgym fuzz: swiglu%s's result differs from the golden's (isa %d, torch_threads %d, %s)\n",
+                   merged ? "_merged" : "", static_cast<int>(active_cpu_isa()), o.torch_threads,
+                   glu_activation_name(o.activation));
       if (merged) fuzz::describe("gate_up", gate_up, a);
       fuzz::describe("gate", gate, a), fuzz::describe("up", up, a), fuzz::describe("out", out, a);
       const size_t es = dtype_size(out.dtype);  // = gate's and up's (the golden accepted them)

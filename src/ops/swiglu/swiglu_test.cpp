@@ -1,5 +1,6 @@
-// swiglu against its golden on every dtype x ISA x layout (separate, merged gate|up, strided rows, in
-// place) and torch's chunk layouts, bit for bit; the claim that lets 16-bit dtypes ignore which exp
+// swiglu (silu and gelu_tanh) against its golden on every dtype x ISA x activation x layout (separate, merged gate|up, strided rows, in
+// place; each with torch's silu seeing a contiguous gate or the view as given) and torch's chunk and row
+// layouts, bit for bit; the claim that lets 16-bit dtypes ignore which exp
 // torch used (checked on every input); the MLP against its golden; every error path (nothing written).
 #include <gtest/gtest.h>
 
@@ -32,6 +33,43 @@ TEST(Swiglu, TorchChunkTailsAreWhereTorchPutsThem) {
   // 3 threads: divup(70000, 32768) = 3 chunks of 23334 (the last 23332), each 729 steps of 32 and a tail
   EXPECT_EQ(torch_silu_libm_ranges(70000, 3, 32), (std::vector<int64_t>{23328, 23334, 46662, 46668, 69996, 70000}));
   EXPECT_TRUE(torch_silu_libm_ranges(100, 1, 0).empty());
+  // rows (a half of a [T, 2I] product, GateLayout::as_given): every row segment has its own tail
+  EXPECT_EQ(torch_silu_libm_ranges(120, 1, 32, 40), (std::vector<int64_t>{32, 40, 72, 80, 112, 120}));
+  EXPECT_EQ(torch_silu_libm_ranges(120, 1, 32, 120), torch_silu_libm_ranges(120, 1, 32));
+  EXPECT_EQ(torch_silu_libm_ranges(120, 1, 32, 0), (std::vector<int64_t>{0, 120}));  // no vector body
+  // 70000 in rows of 300 on 2 threads: the chunk boundary 35000 cuts row 116 into 200 + 100 elements,
+  // each segment with its tail (200 = 6 * 32 + 8, 100 = 3 * 32 + 4)
+  const auto r = torch_silu_libm_ranges(70000, 2, 32, 300);
+  const auto has = [&](int64_t b, int64_t e) {
+    for (size_t i = 0; i + 1 < r.size(); i += 2)
+      if (r[i] == b && r[i + 1] == e) return true;
+    return false;
+  };
+  EXPECT_TRUE(has(34992, 35000) && has(35096, 35100) && has(288, 300) && has(69996, 70000));
+  EXPECT_EQ(r.size(), 2u * 235);  // 232 whole rows, two halves of row 116, the last row's 100
+  // gelu's grain (GeluKernelImpl): numel / threads above 16384 elements. 20000 on 3 threads: grain 6666,
+  // 3 chunks of 6667 (the last 6666), each 208 steps of 32 and a tail
+  const int64_t grain = detail::torch_act_grain(GluActivation::gelu_tanh, 20000, 3);
+  EXPECT_EQ(grain, 6666);
+  EXPECT_EQ(detail::torch_libm_ranges(20000, 3, 32, 20000, grain),
+            (std::vector<int64_t>{6656, 6667, 13323, 13334, 19990, 20000}));
+  EXPECT_EQ(detail::torch_act_grain(GluActivation::gelu_tanh, 16384, 3), detail::kTorchGrain);  // not above 16384
+  EXPECT_EQ(detail::torch_act_grain(GluActivation::silu, 20000, 3), detail::kTorchGrain);
+}
+
+TEST(Swiglu, TorchRunOfAView) {
+  using detail::torch_silu_run;
+  float buf[1];
+  const auto view = [&](std::vector<int64_t> shape, std::vector<int64_t> strides) {
+    return TensorView::strided(buf, DType::float32, shape.data(), strides.data(), static_cast<int>(shape.size()));
+  };
+  EXPECT_EQ(torch_silu_run(view({5, 40}, {40, 1})), 200);           // contiguous: one flat run
+  EXPECT_EQ(torch_silu_run(view({5, 40}, {80, 1})), 40);            // a half of [5, 80]
+  EXPECT_EQ(torch_silu_run(view({2, 5, 40}, {400, 80, 1})), 40);    // [2, 5, 80] chunked
+  EXPECT_EQ(torch_silu_run(view({2, 5, 40}, {999, 40, 1})), 200);   // rows contiguous inside a batch
+  EXPECT_EQ(torch_silu_run(view({1, 40}, {80, 1})), 40);            // one row: size-1 dims merge
+  EXPECT_EQ(torch_silu_run(view({5, 1}, {2, 1})), 0);               // I = 1 of [5, 2]: no unit stride
+  EXPECT_EQ(torch_silu_run(view({5, 40}, {0, 1})), 40);             // broadcast rows
 }
 
 // Every finite bf16 and fp16 gate: silu with Sleef's exp (the golden on the vector paths) and with
@@ -75,17 +113,17 @@ void expect_refusal(F&& call, const std::string& arg, const std::string& what) {
   }
 }
 
-class SwigluMatrix : public ::testing::TestWithParam<std::tuple<DType, CpuIsa>> {};
+class SwigluMatrix : public ::testing::TestWithParam<std::tuple<DType, CpuIsa, GluActivation>> {};
 
 TEST_P(SwigluMatrix, BitExactWithTheGolden) {
-  const auto [t, isa] = GetParam();
+  const auto [t, isa, act] = GetParam();
   if (!cpu_supports(isa)) GTEST_SKIP() << "this CPU lacks " << isa_name(isa);
   set_cpu_isa(isa);
   uint64_t seed = 11;
   for (int64_t I : {1, 7, 63, 64, 65, 200, 3420, 11008}) {
     for (int64_t T : {1, 3, 13}) {
-      for (int layout = 0; layout < 4; ++layout) {  // 0 separate, 1 merged, 2 strided rows, 3 in place
-        ++seed;
+      for (int layout = 0; layout < 8; ++layout) {  // 0 separate, 1 merged, 2 strided rows, 3 in place;
+        ++seed;                                        // 4..7 the same with gate_layout as_given
         const int threads = 1 + static_cast<int>(seed % 3);
         Buffer gu = cases::make_normal(TensorSpec{"gu", {T, 2 * I}, t}, seed, 0, 0.0, 4.0);
         Buffer g = cases::make_normal(TensorSpec{"g", {T, I}, t}, seed, 1, 0.0, 4.0);
@@ -94,11 +132,13 @@ TEST_P(SwigluMatrix, BitExactWithTheGolden) {
         std::memset(got.bytes.data(), 0x5a, got.bytes.size());
         SwigluOptions o;
         o.torch_threads = threads;
+        o.activation = act;
+        o.gate_layout = layout >= 4 ? GateLayout::as_given : GateLayout::contiguous;
         TensorView gv = g.view(), uv = u.view();
-        if (layout == 1 || layout == 2) detail::split_gate_up(gu.view(), got.view(), gv, uv);
-        if (layout == 1) {
+        if (layout % 4 == 1 || layout % 4 == 2) detail::split_gate_up(gu.view(), got.view(), gv, uv);
+        if (layout % 4 == 1) {
           swiglu_merged(gu.view(), got.view(), o);
-        } else if (layout == 3) {
+        } else if (layout % 4 == 3) {
           got = g;
           swiglu(got.view(), uv, got.view(), o);
         } else {
@@ -109,13 +149,28 @@ TEST_P(SwigluMatrix, BitExactWithTheGolden) {
       }
     }
   }
-  // fp32 over torch's multi-chunk layouts: [40, 3420] = 136800 elements, 2 to 5 chunks.
+  // Over torch's multi-chunk layouts: [40, 3420] = 136800 elements, 2 to 5 chunks; and the halves of
+  // a [40, 2 * 3420] product with as_given (chunks cutting rows: per-segment tails).
+  for (int threads : {2, 3, 5}) {
+    Buffer gu = cases::make_normal(TensorSpec{"gu", {40, 2 * 3420}, t}, threads, 2, 0.0, 4.0);
+    Buffer got = cases::make_buffer({40, 3420}, t), want = got;
+    SwigluOptions o;
+    o.torch_threads = threads;
+    o.activation = act;
+    o.gate_layout = GateLayout::as_given;
+    TensorView gv, uv;
+    detail::split_gate_up(gu.view(), got.view(), gv, uv);
+    swiglu_merged(gu.view(), got.view(), o);
+    reference::swiglu_basic_ops(gv, uv, want.view(), o);
+    ASSERT_EQ(got.bytes, want.bytes) << "as_given, threads " << threads;
+  }
   for (int threads : {2, 3, 5}) {
     Buffer g = cases::make_normal(TensorSpec{"g", {40, 3420}, t}, threads, 0, 0.0, 4.0);
     Buffer u = cases::make_normal(TensorSpec{"u", {40, 3420}, t}, threads, 1);
     Buffer got = cases::make_buffer({40, 3420}, t), want = got;
     SwigluOptions o;
     o.torch_threads = threads;
+    o.activation = act;
     swiglu(g.view(), u.view(), got.view(), o);
     reference::swiglu_basic_ops(g.view(), u.view(), want.view(), o);
     ASSERT_EQ(got.bytes, want.bytes) << "threads " << threads;
@@ -125,7 +180,80 @@ TEST_P(SwigluMatrix, BitExactWithTheGolden) {
 
 INSTANTIATE_TEST_SUITE_P(AllPaths, SwigluMatrix,
                          ::testing::Combine(::testing::ValuesIn(kDtypes),
-                                            ::testing::Values(CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512)));
+                                            ::testing::Values(CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512),
+                                            ::testing::Values(GluActivation::silu, GluActivation::gelu_tanh)));
+
+// gelu_tanh in 16-bit: every finite input through the kernels, in a contiguous call (the vector body,
+// the tail at the end) and as rows of 63 of a [n, 64] buffer (as_given: mostly torch's scalar tails),
+// equals the golden on every path; and the vector body's table differs from the tail's on some input
+// (measured: 4 bf16, 26 fp16 inputs), which is why 16-bit tails are placed for gelu_tanh.
+TEST(Swiglu, GeluTanhSixteenBitEveryInputOnBothPaths) {
+  for (DType t : {DType::bfloat16, DType::float16}) {
+    std::vector<uint16_t> g;
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const float v = t == DType::bfloat16 ? bf16_to_f32(static_cast<uint16_t>(b)) : f16_to_f32(static_cast<uint16_t>(b));
+      if (std::isfinite(v)) g.push_back(static_cast<uint16_t>(b));
+    }
+    const int64_t rows = (static_cast<int64_t>(g.size()) + 62) / 63;
+    std::vector<uint16_t> wide(rows * 64, 0), one(rows * 64, t == DType::bfloat16 ? f32_to_bf16(1.0f) : f32_to_f16(1.0f));
+    for (size_t i = 0; i < g.size(); ++i) wide[(i / 63) * 64 + i % 63] = g[i];
+    SwigluOptions o;
+    o.activation = GluActivation::gelu_tanh;
+    for (CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512}) {
+      if (!cpu_supports(isa)) continue;
+      set_cpu_isa(isa);
+      const int64_t n = static_cast<int64_t>(g.size());
+      std::vector<uint16_t> ones(g.size(), one[0]), want(g.size()), got(g.size());
+      const auto flat = [&](std::vector<uint16_t>& b) { return TensorView::contiguous(b.data(), t, {n}); };
+      reference::swiglu_basic_ops(flat(g), flat(ones), flat(want), o);
+      swiglu(flat(g), flat(ones), flat(got), o);
+      EXPECT_EQ(got, want) << dtype_name(t) << " " << isa_name(isa) << " contiguous";
+      const int64_t shape[2] = {rows, 63}, strides[2] = {64, 1};
+      const TensorView gv = TensorView::strided(wide.data(), t, shape, strides, 2);
+      const TensorView uv = TensorView::strided(one.data(), t, shape, strides, 2);
+      std::vector<uint16_t> want2(rows * 63), got2(rows * 63);
+      SwigluOptions rowwise = o;
+      rowwise.gate_layout = GateLayout::as_given;
+      reference::swiglu_basic_ops(gv, uv, TensorView::contiguous(want2.data(), t, {rows, 63}), rowwise);
+      swiglu(gv, uv, TensorView::contiguous(got2.data(), t, {rows, 63}), rowwise);
+      EXPECT_EQ(got2, want2) << dtype_name(t) << " " << isa_name(isa) << " rows of 63";
+      if (isa != CpuIsa::scalar) {
+        const uint16_t* vec = detail::swiglu_act_table(t, GluActivation::gelu_tanh, detail::ActTable::vector,
+                                                       static_cast<int>(isa));
+        const uint16_t* tail = detail::swiglu_act_table(t, GluActivation::gelu_tanh, detail::ActTable::tail,
+                                                        static_cast<int>(isa));
+        int differ = 0;
+        for (uint16_t b : g) differ += vec[b] != tail[b];
+        EXPECT_GT(differ, 0) << dtype_name(t) << " " << isa_name(isa) << ": the two paths never differ";
+        EXPECT_LT(differ, 100) << dtype_name(t) << " " << isa_name(isa);
+      }
+    }
+    set_cpu_isa(best_cpu_isa());
+  }
+}
+
+// fp32 gelu_tanh: on a vector path the elements of torch's scalar tail (96..99 of 100 on one thread)
+// are glibc's tanhf with the fma, the vector body differs from that somewhere (Sleef's tanhf).
+TEST(Swiglu, Fp32GeluTanhTailsUseGlibcTanh) {
+  if (!cpu_supports(CpuIsa::avx512) && !cpu_supports(CpuIsa::avx2)) GTEST_SKIP() << "no vector path";
+  if (std::string(swiglu_exp_library()) != "sleef-u10") GTEST_SKIP() << "built without Sleef: one tanh everywhere";
+  set_cpu_isa(best_cpu_isa());
+  SwigluOptions o;
+  o.activation = GluActivation::gelu_tanh;
+  std::vector<float> g(100), u(100, 1.0f), got(100);
+  int differing = 0;
+  for (uint32_t seed = 1; seed < 4000 && differing == 0; ++seed) {
+    for (int i = 0; i < 100; ++i) g[i] = static_cast<float>((seed * 2654435761u + i * 40503u) % 20000) / 2000.0f - 5.0f;
+    const auto v = [](std::vector<float>& b) { return TensorView::contiguous(b.data(), DType::float32, {100}); };
+    swiglu(v(g), v(u), v(got), o);
+    for (int i = 0; i < 100; ++i) {
+      const float libm = detail::gelu_tanh_libm(g[i], true);
+      if (i >= 96) EXPECT_EQ(got[i], libm) << "tail element " << i << " is not glibc's";
+      if (i < 96 && got[i] != libm) ++differing;
+    }
+  }
+  EXPECT_GT(differing, 0) << "no input found where the vector body's tanh differs from glibc's";
+}
 
 // The fp32 tails matter: on a vector path, the elements of torch's scalar tail (96..99 of a 100-element
 // call on one thread) equal the scalar path's (glibc's exp) while the vector body differs from it on
@@ -182,6 +310,12 @@ TEST_F(SwigluErrors, ShapesDtypesOverlapAndOptions) {
   SwigluOptions bad;
   bad.torch_threads = 0;
   expect_error([&] { swiglu(g.view(), u.view(), o.view(), bad); }, "torch_threads", ">= 1");
+  SwigluOptions bad_layout;
+  bad_layout.gate_layout = static_cast<GateLayout>(7);
+  expect_error([&] { swiglu(g.view(), u.view(), o.view(), bad_layout); }, "gate_layout", "contiguous or as_given");
+  SwigluOptions bad_act;
+  bad_act.activation = static_cast<GluActivation>(5);
+  expect_error([&] { swiglu(g.view(), u.view(), o.view(), bad_act); }, "activation", "silu or gelu_tanh");
 }
 
 // The MLP: OpenBLAS GEMMs + the fused activation against separate fp32 GEMMs + the golden activation.

@@ -18,24 +18,33 @@ SPEC = OpSpec(
     torch_ops=('rotary', 'rotary_'),
     runners=('rotary', 'mrope'),
     exports=("rotary", "rotary_",),
-    summary="q and k rotated in one pass (HF's text rounding, the vision tower's fp32 path, MRoPE sections)",
+    summary=("q and k rotated in one pass (HF's text rounding or the fp32 upcast; rotate_half, interleaved or "
+             "DeepSeek's deinterleaving pairs; partial rotary dims; MRoPE sections)"),
 )
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
-           mode: str = "hf", mrope_section=None) -> tuple[torch.Tensor, torch.Tensor]:
+           mode: str = "hf", mrope_section=None, pairs: str = "half", pair_table: bool = False,
+           contiguous: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(q * cos + rotate_half(q) * sin, the same for k) with cos/sin as HF passes them (before its
-    unsqueeze). mode "hf": HF's text rounding (each op in q's dtype); "fp32": the vision tower's upcast.
-    mrope_section (three lengths summing to D/2) takes cos/sin [3, ...] and recomposes them as
-    Qwen2-VL does."""
+    unsqueeze), over the first R dims of each row; the rest is copied (R = cos.shape[-1], or twice it
+    with pair_table). mode "hf": HF's text rounding (each op in q's dtype); "fp32": the upcast (one
+    rounding at the end). pairs "half": rotate_half; "interleaved": adjacent pairs (HF's
+    stack((-x2, x1), -1).flatten(-2)); "deinterleave": adjacent pairs in, halves out (DeepSeek-V3's
+    apply_rotary_pos_emb_interleave). pair_table: cos/sin hold one value per pair (R / 2 wide).
+    mrope_section (three lengths summing to R/2) takes cos/sin [3, ...] and recomposes them as Qwen2-VL
+    does. contiguous: fresh contiguous outputs (what HF's torch.cat gives) instead of q's and k's
+    layout."""
     require()
     return torch.ops.opgym.rotary(q, k, cos, sin, int(unsqueeze_dim), mode,
-                                  None if mrope_section is None else [int(v) for v in mrope_section])
+                                  None if mrope_section is None else [int(v) for v in mrope_section],
+                                  pairs, bool(pair_table), bool(contiguous))
 
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
-            mode: str = "hf", mrope_section=None) -> None:
+            mode: str = "hf", mrope_section=None, pairs: str = "half", pair_table: bool = False) -> None:
     """rotary in place in q and k (which must not overlap)."""
     require()
     torch.ops.opgym.rotary_(q, k, cos, sin, int(unsqueeze_dim), mode,
-                            None if mrope_section is None else [int(v) for v in mrope_section])
+                            None if mrope_section is None else [int(v) for v in mrope_section],
+                            pairs, bool(pair_table))

@@ -8,6 +8,10 @@ captured cases (cases/qwen2_5_vl_3b/rotary.json) plus a sweep of text prefill le
     opgym_inplace   torch.ops.opgym.rotary_
     hf_eager        transformers' apply_rotary_pos_emb (text, mode hf) / apply_rotary_pos_emb_vision
     compile         torch.compile of that function
+
+plus, at one prefill length, HF's other forms (FORMS: GPT-NeoX's partial rotary dim, GLM's interleaved
+pairs with a per-pair table, DeepSeek-V3's deinterleaving MLA rope), each against its own HF function
+with the op's arguments as opgym.patch passes them.
 """
 from __future__ import annotations
 
@@ -19,6 +23,12 @@ from opgym.bench.timing import finish_row, time_interleaved
 TITLE = "rotary (q and k)"
 IMPLS = ("copy", "empty_like", "opgym", "opgym_inplace", "hf_eager", "compile")
 SWEEP = (1, 64, 1024, 4096)  # text prefill lengths, q [1, 16, S, 128], k [1, 2, S, 128] bf16
+# label: (HF module, function, q shape, k shape, table width), bf16, S = 1024
+FORMS = {
+    "form_gpt_neox_partial": ("gpt_neox", "apply_rotary_pos_emb", (1, 16, 1024, 128), (1, 16, 1024, 128), 32),
+    "form_glm_interleaved": ("glm", "apply_rotary_pos_emb", (1, 16, 1024, 128), (1, 2, 1024, 128), 64),
+    "form_deepseek_v3_mla": ("deepseek_v3", "apply_rotary_pos_emb_interleave", (1, 16, 1024, 64), (1, 1, 1024, 64), 64),
+}
 
 
 def _inputs(args):
@@ -32,7 +42,30 @@ def _inputs(args):
                             i["q"]["dtype"], i["cos"]["dtype"], i.get("mode", "hf"), i.get("unsqueeze_dim", 1)))
     for S in ((1, 1024) if args.quick else SWEEP):
         out.append((f"sweep_text_S{S}", (1, 16, S, 128), (1, 2, S, 128), (1, S, 128), "bfloat16", "bfloat16", "hf", 1))
+    if not args.quick:
+        for label, (_, _, qs, ks, w) in FORMS.items():
+            out.append((label, qs, ks, (1, qs[2], w), "bfloat16", "bfloat16", "hf", 1))
     return out
+
+
+def _form_fns(label, q, k, cos, sin):
+    """(HF's function call, opgym's call) for a FORMS row: the op's arguments from forms.py's table."""
+    import importlib
+
+    import torch
+
+    from opgym.guard import fingerprint
+    from opgym.ops.rotary import integration
+    from opgym.ops.rotary.forms import ROTATE, VERIFIED
+
+    module, name = FORMS[label][:2]
+    fn = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
+    form = VERIFIED[name][fingerprint(fn)]
+    pairs = form.pairs if form.helper is None else ROTATE[fingerprint(fn.__globals__[form.helper])]
+    c, s, ud, mode = integration._op_args(form, q, cos, sin, 1)
+    op = torch.ops.opgym.rotary
+    return (lambda: fn(q, k, cos, sin)), \
+        (lambda: op(q, k, c, s, ud, mode, None, pairs, form.table != "element", form.cat))
 
 
 def run(args, impls, threads) -> list[dict]:
@@ -70,7 +103,10 @@ def run(args, impls, threads) -> list[dict]:
                 "opgym_inplace": lambda: torch.ops.opgym.rotary_(qi, ki, cos, sin, ud, mode),
                 "hf_eager": lambda: fn(q, k, cos, sin),
             }
-            if "compile" in impls:
+            if label in FORMS:
+                fns["hf_eager"], fns["opgym"] = _form_fns(label, q, k, cos, sin)
+                fns.pop("opgym_inplace")
+            if "compile" in impls and label not in FORMS:
                 if (mode, len(qs)) not in compiled:
                     compiled[(mode, len(qs))] = torch.compile(fn, dynamic=True)
                 cf = compiled[(mode, len(qs))]

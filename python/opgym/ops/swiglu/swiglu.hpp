@@ -42,10 +42,23 @@ inline at::Tensor swiglu_merged_out(const at::Tensor& gate_up) {
   return at::empty_symint(shape, gate_up.options());
 }
 
-inline opgym::SwigluOptions swiglu_options() {
+// layout: how the silu this stands for saw gate (fp32 tails). swiglu(gate, up) is torch's silu(gate) *
+// up on the views it is given (a half of a [T, 2I] product: per-row tails, as HF's `.chunk(2, -1)`);
+// swiglu_merged(gate_up) stands for HF's separate gate_proj output (a contiguous gate). CUDA ignores it.
+inline opgym::SwigluOptions swiglu_options(opgym::GateLayout layout = opgym::GateLayout::contiguous,
+                                           opgym::GluActivation act = opgym::GluActivation::silu) {
   opgym::SwigluOptions o;
   o.torch_threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  o.gate_layout = layout;
+  o.activation = act;
   return o;
+}
+
+// The schemas' `str activation`: "silu" (SwiGLU) or "gelu_tanh" (GeGLU: torch's gelu(approximate="tanh")).
+inline opgym::GluActivation glu_activation(c10::string_view s, const char* op) {
+  if (s == "silu") return opgym::GluActivation::silu;
+  if (s == "gelu_tanh") return opgym::GluActivation::gelu_tanh;
+  TORCH_CHECK_VALUE(false, "opgym::", op, ": activation must be \"silu\" or \"gelu_tanh\", got \"", s, "\"");
 }
 
 }  // namespace opgym_torch

@@ -13,21 +13,23 @@ namespace {
 
 using namespace opgym_torch;  // NOLINT(google-build-using-namespace): the shared helpers
 
-at::Tensor swiglu_cuda(const at::Tensor& gate, const at::Tensor& up) {
+at::Tensor swiglu_cuda(const at::Tensor& gate, const at::Tensor& up, c10::string_view activation) {
   check_swiglu(gate, up, "swiglu");
+  const opgym::GluActivation act = glu_activation(activation, "swiglu");
   const c10::cuda::CUDAGuard guard(gate.device());
   at::Tensor out = at::empty(gate.sizes(), gate.options());  // contiguous, as the CPU kernel
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(gate.device().index()).stream();
-  translate_errors("swiglu", [&] { opgym::cuda::swiglu(view_of(gate), view_of(up), view_of(out), stream); });
+  translate_errors("swiglu", [&] { opgym::cuda::swiglu(view_of(gate), view_of(up), view_of(out), stream, act); });
   return out;
 }
 
-at::Tensor swiglu_merged_cuda(const at::Tensor& gate_up) {
+at::Tensor swiglu_merged_cuda(const at::Tensor& gate_up, c10::string_view activation) {
   check_swiglu_merged(gate_up, "swiglu_merged");
+  const opgym::GluActivation act = glu_activation(activation, "swiglu_merged");
   const c10::cuda::CUDAGuard guard(gate_up.device());
   at::Tensor out = swiglu_merged_out(gate_up);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(gate_up.device().index()).stream();
-  translate_errors("swiglu_merged", [&] { opgym::cuda::swiglu_merged(view_of(gate_up), view_of(out), stream); });
+  translate_errors("swiglu_merged", [&] { opgym::cuda::swiglu_merged(view_of(gate_up), view_of(out), stream, act); });
   return out;
 }
 

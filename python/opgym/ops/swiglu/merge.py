@@ -1,0 +1,154 @@
+"""Merging a gated MLP's separate gate and up Linears into one GEMM, where the bits allow it.
+
+At patch time the gate and up Linears' weights (and biases) are copied into one [2I, H] buffer ([2I])
+and the two Linears' parameters' data become views of its halves: memory does not grow, the Linears
+still work on their own and keep their Parameter objects (an optimizer holding them is unaffected). A
+state_dict (save_pretrained, tie checks) and undo() give each Linear storage of its own again, with the
+same values; any move (.to(), load_state_dict(assign=True)) is noticed before the next fused call, which
+merges again from the current values.
+
+Whether an MLP is merged is measured, not assumed: at patch time, once per (dtype, device, H, I, bias)
+in the process, a probe runs torch's GEMM on random rows of that shape (T = 1, 5 and CHUNK_ROWS + 5)
+with the layer's own weights, and merges only if the merged GEMM gives the separate GEMMs' bits exactly
+(OPGYM_SWIGLU_MODE: auto, the default; merged forces the merge; act never merges). Measured here
+(oneDNN on AVX512-BF16): bf16 and fp16 identical on every Qwen2.5-VL shape, fp32 not at T = 1 on the
+vision MLP. Unmerged, only the activation is fused and the GEMMs stay HF's. Long inputs (prefill) run in
+chunks of CHUNK_ROWS rows when the same probe finds torch's GEMMs give the same bits per row whatever
+the rows around them: HF's three [T, I] intermediates then exist for CHUNK_ROWS rows at a time.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from ...guard import SettingError
+
+ENV_MODE = "OPGYM_SWIGLU_MODE"  # auto (default) | merged | act
+CHUNK_ROWS = 256  # rows per chunk of a long input (merged mode, when the probe allows it)
+_PROBED: dict[tuple, tuple[bool, bool]] = {}  # signature -> (merge gives HF's bits, chunks give the same bits)
+
+
+def mode() -> str:
+    m = os.environ.get(ENV_MODE, "auto").strip().lower()
+    if m not in ("auto", "merged", "act"):
+        raise SettingError(f"{ENV_MODE} must be auto, merged or act, got {m!r}")
+    return m
+
+
+def signature(g: nn.Linear, d: nn.Linear, act: str = "silu") -> tuple:
+    return (g.weight.dtype, g.weight.device, g.weight.shape[1], g.weight.shape[0], d.weight.shape[0],
+            g.bias is not None, act)
+
+
+def probe(g: nn.Linear, u: nn.Linear, d: nn.Linear, merged_op, act: str = "silu") -> tuple[bool, bool]:
+    """(merged GEMM == separate GEMMs, row chunks == whole) on random rows, bit for bit, with torch's own
+    GEMMs on this machine; cached per signature. merged_op: the fused activation on [.., gate | up]."""
+    key = signature(g, d, act)
+    if key in _PROBED:
+        return _PROBED[key]
+    dtype, device, H = key[0], key[1], key[2]
+    gen = torch.Generator().manual_seed(0)
+    merged_ok = chunk_ok = True
+    with torch.no_grad():
+        w = torch.cat([g.weight, u.weight])
+        b = torch.cat([g.bias, u.bias]) if g.bias is not None else None
+        for T in (1, 5, CHUNK_ROWS + 5):
+            x = torch.randn(T, H, generator=gen).to(dtype=dtype, device=device)
+            whole = F.linear(x, w, b)
+            sep = torch.cat([F.linear(x, g.weight, g.bias), F.linear(x, u.weight, u.bias)], -1)
+            merged_ok = merged_ok and torch.equal(whole, sep)
+            if T > CHUNK_ROWS:
+                parts = torch.cat([F.linear(x[:CHUNK_ROWS], w, b), F.linear(x[CHUNK_ROWS:], w, b)])
+                act_out = merged_op(whole)
+                down_whole = F.linear(act_out, d.weight, d.bias)
+                down_parts = torch.cat([F.linear(act_out[:CHUNK_ROWS], d.weight, d.bias),
+                                        F.linear(act_out[CHUNK_ROWS:], d.weight, d.bias)])
+                chunk_ok = torch.equal(parts, whole) and torch.equal(down_parts, down_whole)
+    _PROBED[key] = (merged_ok, chunk_ok)
+    return _PROBED[key]
+
+
+class Merged:
+    """The gate and up Linears' weights (and biases) as the two halves of one [2I, H] buffer ([2I]).
+
+    The Linears keep their Parameter objects (an optimizer built before patch() still holds them);
+    only their `.data` becomes a view of the buffer, so memory does not grow. The merge is checked
+    before every eager fused call and made again from the Linears' current values when anything
+    replaced their data (`.to()`, `.half()`, load_state_dict(assign=True), a device move): the fused
+    path never reads a stale buffer. When the dtype, device or shapes changed, the GEMM probe runs
+    again for the new signature (a bf16 merge that was exact need not be in fp32). The merge is undone
+    (each Linear gets contiguous storage of its own, the same values) whenever the MLP's state_dict is
+    taken, so no state_dict, save_pretrained or tie check ever sees two weights sharing storage; the
+    next fused call merges again (one copy of gate and up for that layer)."""
+
+    def __init__(self, gate: nn.Linear, up: nn.Linear, down: nn.Linear, mode_: str, chunk: bool, merged_op,
+                 act: str = "silu"):
+        self.gate, self.up, self.down, self.mode, self.merged_op, self.act = gate, up, down, mode_, merged_op, act
+        self.w = self.b = None
+        self.sig, self.ok, self.chunk = signature(gate, down, act), True, chunk
+
+    def allowed(self) -> bool:
+        """Whether the merged GEMM may serve the Linears as they are now (see the class docstring)."""
+        sig = signature(self.gate, self.down, self.act)
+        if sig != self.sig:
+            same, chunk = probe(self.gate, self.up, self.down, self.merged_op, self.act)
+            forced = same or self.mode == "merged"
+            self.sig, self.ok, self.chunk = sig, forced, chunk and forced
+        return self.ok
+
+    def _params(self):
+        g, u = self.gate, self.up
+        return [(g.weight, u.weight)] + ([(g.bias, u.bias)] if g.bias is not None else [])
+
+    def intact(self) -> bool:
+        if self.w is None:
+            return False
+        for (pg, pu), buf in zip(self._params(), (self.w, self.b)):
+            n = pg.shape[0]
+            if (buf is None or pg.dtype != buf.dtype or pg.device != buf.device
+                    or pg.data_ptr() != buf.data_ptr() or pu.data_ptr() != buf[n:].data_ptr()):
+                return False
+        return True
+
+    def current(self):
+        """(w, b) of the merged GEMM, merging again first when the Linears' data moved."""
+        if not self.intact():
+            self.merge()
+        return self.w, self.b
+
+    def merge(self) -> None:
+        bufs = []
+        with torch.no_grad():
+            for pg, pu in self._params():
+                n = pg.shape[0]
+                buf = torch.cat([pg.detach(), pu.detach()])
+                pg.data, pu.data = buf[:n], buf[n:]
+                bufs.append(buf)
+        self.w, self.b = bufs[0], (bufs[1] if len(bufs) > 1 else None)
+
+    def unmerge(self, *_args, **_kwargs) -> None:
+        if self.w is None:
+            return
+        with torch.no_grad():
+            for pg, pu in self._params():
+                if pg.untyped_storage().data_ptr() == pu.untyped_storage().data_ptr():  # one storage: each its own
+                    pg.data, pu.data = pg.data.clone(), pu.data.clone()
+        self.w = self.b = None
+
+
+def merge(mlp: nn.Module, gate: nn.Linear, up: nn.Linear, down: nn.Linear, handle, mode_: str, chunk: bool,
+          merged_op, act: str = "silu") -> Merged:
+    """Merges now; unmerges whenever `mlp`'s state_dict is taken and at undo."""
+    state = Merged(gate, up, down, mode_, chunk, merged_op, act)
+    state.merge()
+    hook = mlp.register_state_dict_pre_hook(state.unmerge)
+
+    def undo():
+        hook.remove()
+        state.unmerge()
+
+    handle.on_undo(undo)
+    return state
