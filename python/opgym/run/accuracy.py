@@ -303,7 +303,7 @@ def result(sides: list, n_prompt: int, repeats: int, ref_margins) -> dict:
             tk["ref_margin_ulp_at_divergence"] = ref_margins[tk["first_divergence"]]
         tf = sum(int(x == y) for x, y in zip(s.forced, ref.tokens))
         row = {"side": s.name, "info": s.info, "logits": error_table(ref.logits, s.logits), "tokens": tk,
-               "tokens_list": s.tokens, "teacher_forced_agree": tf, "teacher_forced_n": len(ref.tokens),
+               "tokens_list": s.tokens, "teacher_forced_list": s.forced, "teacher_forced_agree": tf, "teacher_forced_n": len(ref.tokens),
                "prefill_wall_ms": w, "prefill_cpu_ms": c,
                "wall_ratio": w / rw if repeats else None, "cpu_ratio": c / rc if repeats else None,
                "prefill_wall_ms_all": s.wall_ms, "prefill_cpu_ms_all": s.cpu_ms, "floor": s.floor}
