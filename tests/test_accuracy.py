@@ -187,3 +187,20 @@ def test_run_compile_compares_each_compiled_side_with_hf_eager(tmp_path):
     # prefill when each round re-patched the shared model); 5x is far above the noise of a loaded machine
     assert rows["opgym + compile"]["wall_ratio"] < 5
     assert "HF + compile" in stdout and "opgym + compile" in stdout
+
+
+def test_run_fast_bad_options_are_one_line_errors(capsys):
+    import argparse
+
+    from opgym import run
+
+    def call(*args):
+        p = argparse.ArgumentParser(prog="opgym run")
+        run.add_arguments(p)
+        rc = run.main(p.parse_args(list(args)))
+        return rc, capsys.readouterr().err.strip().splitlines()
+
+    for args, needle in ((["--fast", "nope"], "unknown substitution"), (["--fast", "--ablation"], "--ablation"),
+                         (["--accuracy-sides", "hf,opgym"], "--accuracy-sides")):
+        rc, err = call("--testing-tiny", "--no-progress", *args)
+        assert rc == 2 and len(err) == 1 and needle in err[0], (args, err)
