@@ -199,9 +199,11 @@ def test_act_mode_keeps_hf_gemms_and_the_probe_is_reported(monkeypatch):
             assert torch.equal(model(**inputs).logits, ref)
             assert handle.stats()["ops"]["swiglu"]["fused"] == 4
             assert all("OPGYM_SWIGLU_MODE=act" in v for v in handle.notes.values())
-    monkeypatch.setenv("OPGYM_SWIGLU_MODE", "bogus")  # patch() never raises for an op: nothing served, the reason kept
-    with pytest.warns(UserWarning, match="nothing"), opgym.patch(model, ops=("swiglu",)) as handle:
-        assert not handle.patched and "OPGYM_SWIGLU_MODE must be auto, merged or act" in handle.skipped["<swiglu>"]
+    # a user's bad setting is raised (a SettingError, a ValueError naming the variable), the patch undone
+    monkeypatch.setenv("OPGYM_SWIGLU_MODE", "bogus")
+    with pytest.raises(ValueError, match="OPGYM_SWIGLU_MODE must be auto, merged or act"):
+        opgym.patch(model, ops=("swiglu",))
+    assert all("forward" not in m.__dict__ for m in model.modules())
 
 
 @pytest.mark.parametrize("kind", ["text", "vision"])

@@ -14,7 +14,7 @@ tiny model of a type that uses it: logits bit-identical to HF eager in bf16, fp1
 
 `SKIPS`: forms with RMSNorms in which no residual add is followed by an RMSNorm of its sum, or where
 one is but opgym does not fuse it, with the reason `handle.skipped` gives. A form in neither table is
-"not one opgym has verified". The catalog /work/notes/variants-5.23.md (section 3) lists every form.
+"not one opgym has verified". `opgym coverage --catalog FILE` writes every form HF has (decoder layers).
 """
 from __future__ import annotations
 

@@ -3,9 +3,10 @@
 own CPU softmax bits; and the windowed form (segments of uneven length in one buffer) for vision
 towers that attend within windows.
 
-The op's folder: this file (its spec and Python API), attn_softmax.cpp (the torch operators). The
-numeric contract is src/ops/attn_softmax/README.md. It has no model integration yet (issue 24's
-phase 2): opgym.patch does not apply it.
+The op's folder: this file (its spec and Python API), attn_softmax.cpp (the torch operators, and
+opgym::attn_eager: HF's whole eager_attention_forward as one operator around the core), integration.py
+(opgym.patch: text.py, vision.py), capture.py, bench.py. The numeric contract is
+src/ops/attn_softmax/README.md.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ SPEC = OpSpec(
     name="attn_softmax",
     title="attention softmax",
     switch="OPGYM_ATTN_SOFTMAX",
-    torch_ops=("attn_softmax", "attn_softmax_", "attn_softmax_segments", "attn_softmax_segments_"),
+    torch_ops=("attn_softmax", "attn_softmax_", "attn_softmax_segments", "attn_softmax_segments_", "attn_eager",
+               "attn_windows"),
     runners=("attn_softmax",),
     exports=("attn_softmax", "attn_softmax_", "attn_softmax_segments", "attn_softmax_segments_"),
     summary="scale, mask add, fp32 softmax and the cast back between HF eager attention's two matmuls",

@@ -9,7 +9,8 @@ the patched model gets its own copy of its class's forward: the very same code o
 are a copy of the modeling module's namespace in which the verified names resolve to opgym's
 functions. The copy is registered as a module of its own (`opgym._hooked.<n>`, removed at undo)
 because torch.compile re-imports a function's globals by their `__name__` to guard on them. Other
-instances, other models, the class and the modeling module are untouched.
+instances, other models, the class and the modeling module are untouched. The copy is opgym/hooks.py's,
+shared with attn_softmax's hook of `eager_attention_forward` in the same forward.
 
 Which functions: those of forms.py's table, each proven statement for statement by the fingerprint of
 the function and of the rotation helper it calls (rotate_half and its interleaved kin): the standard
@@ -28,13 +29,13 @@ function runs (counted as a fallback with the reason).
 """
 from __future__ import annotations
 
-import itertools
 import sys
 import types
 
 import torch
 from torch import nn
 
+from ... import hooks
 from ...guard import FUSED_DTYPES, fingerprint, guarded, own_forward
 from . import SPEC
 from .forms import NAMES, NOT_SERVED, ROTATE, VERIFIED, Form
@@ -206,32 +207,6 @@ def resolve(cls: type):
     return glb, served, unserved
 
 
-_IDS = itertools.count()
-
-
-def _namespace(glb: dict, fns: dict) -> types.ModuleType:
-    """A module (in sys.modules) holding a copy of `glb` with the globals named in `fns` replaced."""
-    mod = types.ModuleType(f"opgym._hooked.{next(_IDS)}")
-    ns = dict(glb)
-    ns.update({"__name__": mod.__name__, "__spec__": None, "__loader__": None, **fns})
-    mod.__dict__.update(ns)
-    sys.modules[mod.__name__] = mod
-    return mod
-
-
-def _drop(mod: types.ModuleType) -> None:
-    sys.modules.pop(mod.__name__, None)
-
-
-def _forward_with(cls: type, m: nn.Module, mod: types.ModuleType):
-    """m's own copy of cls.forward whose globals are `mod`'s."""
-    f = cls.forward
-    copy = types.FunctionType(f.__code__, mod.__dict__, f.__name__, f.__defaults__, f.__closure__)
-    copy.__kwdefaults__ = f.__kwdefaults__
-    copy.__qualname__ = f.__qualname__
-    return types.MethodType(copy, m)
-
-
 def _unserved_text(cls: type, unserved: dict) -> str:
     return f"{cls.__name__}: " + "; ".join(unserved.values()) + " (rotary)"
 
@@ -240,29 +215,27 @@ def apply(model: nn.Module, handle, devices) -> None:
     """Gives every attention of `model` that calls a verified rotary function its own forward copy
     in which those functions are opgym's."""
     found: dict[type, tuple | None] = {}
-    namespaces: dict[type, types.ModuleType] = {}  # one per class in this model
+    fns_of: dict[type, dict] = {}  # one set of stand-ins per class in this model (so one namespace per class)
     for name, m in model.named_modules():
         cls = type(m)
         if cls not in found:
             found[cls] = resolve(cls)
         if found[cls] is None:
             continue
-        glb, served, unserved = found[cls]
+        _, served, unserved = found[cls]
         if not served:
             handle.skipped[name] = _unserved_text(cls, unserved)
             continue
-        if own_forward(m) or handle.owned_elsewhere(m, "rotary"):
+        if (own_forward(m) and not hooks.managed(m)) or handle.owned_elsewhere(m, "rotary"):
             handle.skipped[name] = "forward already replaced on the instance (rotary)"
             continue
-        if cls not in namespaces:
+        if cls not in fns_of:
             counters = handle.counters("rotary")
-            fns = {fname: make_rope(fn, form, pairs, counters, devices) for fname, fn, form, pairs in served}
-            namespaces[cls] = _namespace(glb, fns)
-            handle.on_undo(lambda mod=namespaces[cls]: _drop(mod))
+            fns_of[cls] = {fname: make_rope(fn, form, pairs, counters, devices) for fname, fn, form, pairs in served}
             if unserved:
                 handle.notes[f"rotary {cls.__name__}"] = "served: " + ", ".join(f for f, *_ in served) + \
                     "; left to HF: " + "; ".join(unserved.values())
-        handle.replace_forward(m, "rotary", name, _forward_with(cls, m, namespaces[cls]))
+        hooks.hook(m, fns_of[cls], handle=handle, op="rotary", path=name)
 
 
 def sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -290,13 +263,11 @@ def instrument(model: nn.Module, record) -> list:
         cls = type(m)
         if cls not in found:
             found[cls] = resolve(cls)
-        if found[cls] is None or not found[cls][1] or own_forward(m):
+        if found[cls] is None or not found[cls][1] or (own_forward(m) and not hooks.managed(m)):
             continue
-        glb, served, _ = found[cls]
+        _, served, _ = found[cls]
         fns = {fname: _recording(fn, form, pairs, path, record) for fname, fn, form, pairs in served}
-        mod = _namespace(glb, fns)
-        m.forward = _forward_with(cls, m, mod)
-        done.append((m, mod))
+        done.append(hooks.hook(m, fns, owner="capture rotary"))
     return done
 
 
@@ -320,6 +291,5 @@ def _recording(original, form: Form, pairs: str, path: str, record):
 
 
 def uninstrument(done) -> None:
-    for m, mod in done:
-        m.__dict__.pop("forward", None)
-        _drop(mod)
+    for layer in done:
+        hooks.release(layer)

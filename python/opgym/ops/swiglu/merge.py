@@ -109,7 +109,9 @@ class Merged:
         for (pg, pu), buf in zip(self._params(), (self.w, self.b)):
             n = pg.shape[0]
             if (buf is None or pg.dtype != buf.dtype or pg.device != buf.device
-                    or pg.data_ptr() != buf.data_ptr() or pu.data_ptr() != buf[n:].data_ptr()):
+                    or pg.data_ptr() != buf.data_ptr()
+                    # buf[n:]'s address without slicing (a slice is one more torch op per call)
+                    or pu.data_ptr() != buf.data_ptr() + n * buf.stride(0) * buf.element_size()):
                 return False
         return True
 
