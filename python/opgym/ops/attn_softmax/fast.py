@@ -16,9 +16,11 @@ the attention. Served only when the model is a transformers PreTrainedModel that
 (`_supports_sdpa`) and can switch at run time, and its attention is "eager"; a model already on SDPA
 or another kernel is left as it is (handle.notes says so).
 
-Where attn_softmax's exact integration (HF eager's softmax bits, not yet in the op table's
-integrations) serves the same attention, SDPA wins in a fast patch: with the config switched, the
-eager attention function is no longer called at all.
+Where attn_softmax's exact integration (HF eager's attention bits: opgym's eager_attention_forward and
+the vision tower's one-pass windows) serves the same attention, SDPA wins in a fast patch: with the
+config switched, transformers hands the attentions SDPA's function, so opgym's eager function is never
+called, and the vision attention's one-pass copy sees a non-eager interface and runs HF's own
+per-window loop with it (counted as attn_softmax fallbacks, "attention implementation is not eager").
 """
 from __future__ import annotations
 
