@@ -4,7 +4,7 @@
 exact=False)` adds the fast tier on top: substitutions that compute the same function as the module
 they replace (its structure proven as the exact ops prove theirs: a verified forward fingerprint, plain
 submodules, no hooks) but round differently, traded for time. Their error against HF eager is measured
-and reported (`opgym run --fast`, opgym.accuracy), never assumed small and never on by default.
+and reported (`opgym run --fast`: run/accuracy.py), never assumed small and never on by default.
 
 Each substitution is its op's `fast.py` part (python/opgym/ops/<op>/fast.py), found through the op table
 like integration.py / capture.py / bench.py, and declares:
