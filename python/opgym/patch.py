@@ -10,6 +10,9 @@ it cannot serve goes into `handle.skipped` with the reason. This module holds th
 the process-wide counters; the switch/fallback/count wrapper every patched forward uses is
 guard.guarded.
 
+`opgym.patch(model, exact=False)` adds the fast tier (fast_tier.py): substitutions whose bits differ
+from HF's, opt-in only, recorded in `handle.fast` and undone with the rest.
+
 Every op's switch is read at call time: OPGYM_<OP>=0 (or false/off/no) turns that op's fused path
 off without re-patching (OPGYM_RMS_NORM, OPGYM_ADD_RMS_NORM, OPGYM_ROTARY, OPGYM_SWIGLU). Any input
 an op cannot serve, and any error from opgym, runs the original code: the model never raises
@@ -33,6 +36,7 @@ from .guard import SettingError, Stats, devices_with_kernel, summary
 SUPPORTED_OPS = tuple(name for name in _ops_table.OPS if _ops_table.part(name, "integration") is not None)
 
 _GLOBAL: dict[str, Stats] = {name: Stats() for name in SUPPORTED_OPS}
+_GLOBAL_FAST: dict[str, Stats] = {}  # per fast substitution (fast_tier.py), created at its first patch
 _LOCK = threading.Lock()
 
 
@@ -43,7 +47,7 @@ def stats() -> dict:
 
 
 def reset_stats() -> None:
-    for s in _GLOBAL.values():
+    for s in (*_GLOBAL.values(), *_GLOBAL_FAST.values()):
         s.reset()
 
 
@@ -129,10 +133,11 @@ class _Owned(set):
 
 class PatchHandle:
     """What `opgym.patch` returns: `undo()`, `stats()`, `reset_stats()`, the patched module paths
-    (`patched`, all ops; `patched_by_op`) and the skipped ones with reasons (`skipped`). Also a
-    context manager."""
+    (`patched`, all ops; `patched_by_op`) and the skipped ones with reasons (`skipped`); `exact` (False
+    when the fast tier was asked for) and `fast`: each fast substitution applied -> what it changed
+    (module paths, or a config for SDPA). Also a context manager."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, exact: bool = True):
         self._model = weakref.ref(model)
         self._saved: list[tuple[nn.Module, str, bool, object]] = []  # (module, op, had own forward, its value)
         self.patched: list[str] = []
@@ -140,6 +145,9 @@ class PatchHandle:
         self.skipped: dict[str, str] = {}
         self.notes: dict[str, str] = {}  # what an integration decided and why (e.g. swiglu's merge probe)
         self._stats: dict[str, Stats] = {}
+        self.exact = exact
+        self.fast: dict[str, list[str]] = {}  # fast substitution -> what it changed (empty list: nothing here)
+        self._fast_stats: dict[str, Stats] = {}
         self._on_undo: list = []
         self.active = False
 
@@ -164,11 +172,27 @@ class PatchHandle:
         self.patched.append(name)
         self.patched_by_op.setdefault(op, []).append(name)
 
+    def fast_counters(self, sub: str) -> tuple:
+        """The Stats a fast substitution's forwards count into (process-wide and this handle's)."""
+        return (_GLOBAL_FAST.setdefault(sub, Stats()), self._fast_stats.setdefault(sub, Stats()))
+
+    def replace_forward_fast(self, module: nn.Module, sub: str, name: str, forward) -> None:
+        """replace_forward for a fast substitution: recorded in `fast[sub]`, not among the exact ops."""
+        had_own = "forward" in module.__dict__
+        key = f"fast:{sub}"
+        self._saved.append((module, key, had_own, module.__dict__.get("forward")))
+        module.forward = PatchedForward(forward, module)
+        module.__dict__.setdefault("_opgym_patched", _Owned()).add(key)
+        self.fast.setdefault(sub, []).append(name)
+
     def stats(self) -> dict:
-        return summary({op: self._stats.setdefault(op, Stats()) for op in self.patched_by_op or self._stats})
+        out = summary({op: self._stats.setdefault(op, Stats()) for op in self.patched_by_op or self._stats})
+        if self._fast_stats:
+            out["fast"] = summary(self._fast_stats)
+        return out
 
     def reset_stats(self) -> None:
-        for s in self._stats.values():
+        for s in (*self._stats.values(), *self._fast_stats.values()):
             s.reset()
 
     def undo(self) -> None:
@@ -195,13 +219,19 @@ class PatchHandle:
         self.undo()
 
     def __repr__(self) -> str:
-        return (f"PatchHandle(patched={ {op: len(v) for op, v in self.patched_by_op.items()} }, "
+        fast = f", fast={ {k: len(v) for k, v in self.fast.items()} }" if not self.exact else ""
+        return (f"PatchHandle(patched={ {op: len(v) for op, v in self.patched_by_op.items()} }{fast}, "
                 f"skipped={len(self.skipped)}, active={self.active})")
 
 
-def patch(model: nn.Module, ops=None) -> PatchHandle:
+def patch(model: nn.Module, ops=None, *, exact: bool = True, fast=None) -> PatchHandle:
     """Applies opgym's fused ops to `model` (any nn.Module): every op of the table by default, or the
-    ones named in `ops`.
+    ones named in `ops`. They are exact: the model's outputs stay HF eager's bit for bit.
+
+    exact=False adds the fast tier (fast_tier.py) after them: substitutions that compute the same
+    function with other roundings (the vision patch embedding as one GEMM, attention through SDPA, ...),
+    faster, whose error against HF eager `opgym run --fast` measures. Every substitution marked DEFAULT,
+    or those named in `fast` (fast_tier.names()); `handle.fast` records what each changed.
 
     Returns a PatchHandle: `patched_by_op` lists what each op serves, `skipped` what it left alone and
     why; `handle.undo()` restores the model. A model with nothing opgym serves gets a handle that says
@@ -217,8 +247,13 @@ def patch(model: nn.Module, ops=None) -> PatchHandle:
         raise ValueError(f"opgym.patch: unknown op(s) {unknown}; supported: {list(SUPPORTED_OPS)}")
     if not isinstance(model, nn.Module):
         raise ValueError(f"opgym.patch: expected a torch.nn.Module, got {type(model).__name__}")
+    from . import fast_tier
+
+    if exact and fast is not None:
+        raise ValueError("opgym.patch: fast= selects fast-tier substitutions; it needs exact=False")
+    selected = () if exact else fast_tier.select(fast)
     _library.require()
-    handle = PatchHandle(model)
+    handle = PatchHandle(model, exact=bool(exact))
     with _LOCK:
         for name in SUPPORTED_OPS:  # table order, whatever order `ops` names them in
             if name in ops:
@@ -226,15 +261,26 @@ def patch(model: nn.Module, ops=None) -> PatchHandle:
                 handle.patched_by_op.setdefault(name, [])
                 spec = _ops_table.spec(name)
                 try:
-                    _ops_table.part(name, "integration").apply(model, handle, devices_with_kernel(spec.torch_ops[0]))
+                    with fast_tier.settings(fast_tier.exact_settings(name, selected)):
+                        _ops_table.part(name, "integration").apply(model, handle, devices_with_kernel(spec.torch_ops[0]))
                 except SettingError:
                     handle.undo()
                     raise
                 except Exception as e:  # noqa: BLE001 - a model never raises because of opgym
                     # What the integration replaced before it failed stays patched (and undo restores it).
                     handle.skipped[f"<{name}>"] = f"{name}: patching stopped at an error ({type(e).__name__}: {e})"
-    handle.active = bool(handle.patched)
-    if not handle.patched:
+        for sub, part in fast_tier.parts().items():
+            if sub not in selected:
+                continue
+            handle.fast.setdefault(sub, [])
+            try:
+                op = fast_tier.op_of(part)
+                devices = devices_with_kernel(_ops_table.spec(op).torch_ops[0]) if op else frozenset()
+                part.apply_fast(model, handle, devices)
+            except Exception as e:  # noqa: BLE001 - a model never raises because of opgym
+                handle.skipped[f"<fast {sub}>"] = f"fast {sub}: stopped at an error ({type(e).__name__}: {e})"
+    handle.active = bool(handle.patched or any(handle.fast.values()))
+    if not handle.active:
         warnings.warn(f"opgym.patch: nothing in {type(model).__name__} is served by {list(ops)} "
                       f"({len(handle.skipped)} modules skipped; see handle.skipped)", stacklevel=2)
     return handle

@@ -14,7 +14,7 @@ from .spec import OpSpec
 
 OPS = ("rms_norm", "add_rms_norm", "rotary", "swiglu", "attn_softmax", "patch_embed")
 
-PARTS = ("integration", "capture", "bench")
+PARTS = ("integration", "capture", "bench", "fast")
 
 
 def module(name: str) -> ModuleType:
@@ -34,7 +34,7 @@ def specs() -> dict:
 
 
 def part(name: str, what: str) -> ModuleType | None:
-    """opgym.ops.<name>.<what> (integration, capture or bench), or None when the op has no such part."""
+    """opgym.ops.<name>.<what> (integration, capture, bench or fast), or None when the op has no such part."""
     if what not in PARTS:
         raise ValueError(f"opgym: an op's part is one of {PARTS}, got {what!r}")
     module(name)

@@ -6,6 +6,8 @@ to the op's Python API; its other parts are found by convention, not listed anyw
     integration.py   apply(model, handle, devices) and sites(model): how opgym.patch serves HF models
     capture.py       Recorder: what opgym.capture records of the op and the gym cases it writes
     bench.py         what `opgym bench --op <name>` times
+    fast.py          the op's fast-tier substitution (opgym.patch(model, exact=False)): NAME, TITLE, DEFAULT,
+                     apply_fast(model, handle, devices); bits differ from HF's, the error is measured (fast_tier.py)
     <name>.cpp       the torch operators (C++, built into opgym/_C.so), <name>_cuda.cpp their CUDA kernels
 """
 from __future__ import annotations

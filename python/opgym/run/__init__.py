@@ -28,6 +28,11 @@ the same way:
 The timed rounds alternate the sides (baseline-opgym, opgym-baseline, ...) so that both see the same
 machine; under --compile the sides run one after the other instead.
 
+--fast makes the opgym side opgym.patch(model, exact=False): the fast tier, whose bits differ from HF's.
+--fast and --compile add the accuracy section (run/accuracy.py): HF eager as the reference, and opgym
+exact, opgym fast, HF and opgym under torch.compile, each measured against it alike (ulps of the logits,
+argmax, greedy tokens, teacher-forced agreement, interleaved prefill ratios with the GEMM floor).
+
 --ablation adds one patched side per op alone (opgym.patch(model, ops=(op,))); each round then runs
 every variant next to a baseline run, alternating as above, and the report gets an "ablation" section
 (medians, min..max, change vs the baseline, bit-identical logits and tokens) and a PNG bar chart.
@@ -105,18 +110,39 @@ def _main(args) -> int:
         raise UsageError(f"--ops: unknown op(s) {', '.join(unknown)}; this opgym supports {', '.join(OPS)}")
     if args.ablation and len(ops) < 2:
         raise UsageError(f"--ablation compares each op alone with all of them: --ops {args.ops} names one op")
+    fast = _fast_selection(args.fast)
     dtype = getattr(torch, args.dtype)
 
     n_var = len(ops) + 1 if args.ablation else 1  # the all-ops side, plus each op alone under --ablation
     steps = 2 + (n_var + 1) * args.warmup + 4 * n_var * args.repeats + 2 + 2
+    if args.fast or args.compile:
+        from .accuracy import section_steps
+
+        steps += section_steps(args)
     progress = Progress(steps, enabled=not args.no_progress)
     try:
-        return _run(args, M, opgym, ops, page, image, dtype, progress)
+        return _run(args, M, opgym, ops, page, image, dtype, progress, fast)
     finally:
         progress.close()
 
 
-def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
+def _fast_selection(value) -> tuple | None:
+    """--fast's substitutions: None without --fast, the tier's defaults for a bare --fast."""
+    if value is None:
+        return None
+    from .. import fast_tier
+
+    if value == "default":
+        return fast_tier.default_names()
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in fast_tier.names()]
+    if unknown or not names:
+        raise UsageError(f"--fast {value}: unknown substitution(s) {', '.join(unknown) or '(none named)'}; "
+                         f"the fast tier has {', '.join(fast_tier.names())}")
+    return tuple(n for n in fast_tier.names() if n in names)
+
+
+def _run(args, M, opgym, ops, page, image, dtype, progress, fast=None) -> int:
     import torch
 
     from . import compare, report
@@ -128,12 +154,13 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
 
     device = args.device
     model, inputs, config_out = build_workload(args, M, ops, page, image, dtype, progress)
+    config_out["fast"] = list(fast) if fast is not None else None
 
     # --- the sides on one model: the baseline as built/loaded; opgym = patched (undone after), and
     # under --ablation one more patched side per op alone
     sides = Sides(model, opgym, args)
     base = sides.baseline()
-    opt = sides.patched("opgym", ops, True)
+    opt = sides.patched("opgym", ops, True, fast=fast)
     singles = [sides.patched(f"opgym {op} only", (op,), False) for op in ops] if args.ablation else []
     mem = PeakMemory(device)
     sites = op_sites(model)  # each op's sites, taken on the model as built (both sides label the same modules)
@@ -158,6 +185,11 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
     ablation = compare.ablation(base, singles, opt, base_logits, opt_logits) if args.ablation else None
     del base_logits, opt_logits
     progress.done()
+    accuracy = None
+    if args.fast or args.compile:
+        from .accuracy import section
+
+        accuracy = section(model, inputs, args, ops, fast or (), progress)
     progress.close()
 
     env = environment(device)
@@ -171,6 +203,8 @@ def _run(args, M, opgym, ops, page, image, dtype, progress) -> int:
         "agreement": agreement,
         "calls": calls,
     }
+    if accuracy is not None:
+        out["accuracy"] = accuracy
     if ablation is not None:
         plot = args.plot or (str(Path(args.report).with_suffix(".png")) if args.report else None)
         ablation["plot"] = plot

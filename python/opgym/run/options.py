@@ -11,6 +11,7 @@ DEFAULT_MAX_NEW_TOKENS = 16
 DEFAULT_PAGE = (448, 448)
 DEFAULT_WARMUP = 1
 DEFAULT_REPEATS = 3
+DEFAULT_ACCURACY_TOKENS = 64  # greedy tokens of the accuracy section (--fast / --compile)
 # Threads: torch's own default unless --threads says otherwise, so that a run measures what a user's
 # run of the model gets (on the 2-core CI machine: 2).
 
@@ -54,7 +55,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="N", help="warm-up rounds, at least 1: the first one's forward gives the logits compared (default %(default)s)")
     g.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, metavar="N",
                    help="timed runs of each phase; medians are reported (default %(default)s)")
-    g.add_argument("--compile", action="store_true", help="run both sides under torch.compile")
+    g.add_argument("--compile", action="store_true",
+                   help="run both sides under torch.compile; adds the accuracy section (HF eager, HF and opgym "
+                        "compiled: each against HF eager)")
+    g.add_argument("--fast", nargs="?", const="default", default=None, metavar="SUBS",
+                   help="the opgym side is opgym.patch(model, exact=False): the fast tier, whose bits differ from "
+                        "HF's (default: its default substitutions; or a comma-separated list of them); adds the "
+                        "accuracy section (HF eager, opgym exact, opgym fast, HF under torch.compile)")
+    g.add_argument("--accuracy-tokens", type=int, default=DEFAULT_ACCURACY_TOKENS, metavar="N",
+                   help="greedy tokens compared in the accuracy section (default %(default)s)")
+    g.add_argument("--accuracy-sides", default=None, metavar="LIST",
+                   help="the accuracy section's sides, comma-separated, the first the reference: hf, opgym, fast, "
+                        "fast:SUB (opgym exact + that one substitution), each optionally @compile "
+                        "(default: from --fast / --compile)")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     g.add_argument("--ops", default="all",
                    help="fused ops to apply, comma-separated, or 'all' (default %(default)s: every op opgym.patch has)")
@@ -92,5 +105,11 @@ def check_counts(args) -> None:
         raise UsageError("--max-new-tokens must be >= 2 (decode speed needs a token after the first)")
     if args.warmup < 1:
         raise UsageError("--warmup must be >= 1 (the warm-up forward gives the logits that are compared)")
+    if args.accuracy_tokens < 0:
+        raise UsageError("--accuracy-tokens must be >= 0")
+    if args.accuracy_sides is not None and not (args.fast or args.compile):
+        raise UsageError("--accuracy-sides sets the sides of the accuracy section of --fast / --compile; add one")
+    if args.fast and args.ablation:
+        raise UsageError("--ablation measures the exact ops one by one; it does not combine with --fast")
     if args.model and (args.text_layers or args.vision_blocks or args.full_depth):
         raise UsageError("--text-layers/--vision-blocks/--full-depth apply to the embedded model, not --model")

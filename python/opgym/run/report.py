@@ -43,7 +43,9 @@ def print_report(r: dict) -> None:
     c.print(f"[bold]opgym run[/bold]: {cfg['model']}")
     c.print(f"  depth {cfg['text_layers']} text layers / {cfg['vision_blocks']} vision blocks, {cfg['dtype']}, "
             f"attn {cfg['attn_implementation']}, {cfg['device']}{', torch.compile' if cfg['compile'] else ''}; "
-            f"ops {','.join(cfg['ops'])}")
+            f"ops {','.join(cfg['ops'])}"
+            + (f"; fast tier (exact=False): {', '.join(cfg['fast']) or 'no substitution'}" if cfg.get("fast") is not None
+               else ""))
     c.print(f"  input: {cfg['image']} -> grid {cfg['image_grid_thw']} ({cfg['vision_patches']} patches), "
             f"{cfg['prompt_tokens']} prompt tokens ({cfg['image_tokens']} image); {cfg['max_new_tokens']} greedy tokens; "
             f"warm-up {cfg['warmup']}, medians of {cfg['repeats']}"
@@ -51,7 +53,8 @@ def print_report(r: dict) -> None:
                if cfg.get("ablation") else ""))
     c.print(f"  opgym {env.get('opgym')}, torch {env['torch']}, transformers {env['transformers']}; "
             f"{env['cpu']}, isa {env.get('isa') or 'unknown'}; {_threads_text(env)}", soft_wrap=True)
-    t = Table(title="baseline (HF, " + ("torch.compile" if cfg["compile"] else "eager PyTorch") + f", attn {cfg['attn_implementation']}) vs opgym")
+    t = Table(title="baseline (HF, " + ("torch.compile" if cfg["compile"] else "eager PyTorch") + f", attn {cfg['attn_implementation']}) vs opgym"
+              + (" fast tier (bits differ from HF's: see the accuracy section)" if cfg.get("fast") is not None else ""))
     t.add_column("metric")
     t.add_column("baseline", justify="right")
     t.add_column("opgym", justify="right")
@@ -121,6 +124,10 @@ def print_report(r: dict) -> None:
         why = "; ".join(f"{r}: {n}" for r, n in v["reasons"].items())
         a.add_row(f"  {op} fused / fallback", f"{v['fused']} / {v['fallback']}" + (f" ({why})" if why else "")
                   + f"  (off: {v['switch']})")
+    for sub, v in (calls.get("fast") or {}).items():
+        note = (calls.get("fast_notes") or {}).get(f"fast {sub}")
+        a.add_row(f"  fast {sub}: sites / calls fast / fallback",
+                  f"{len(v['changed'])} / {v['fused']} / {v['fallback']}" + (f" ({note})" if note else ""))
     c.print(a)
 
 
@@ -257,12 +264,67 @@ def plot_ablation(r: dict, path: str) -> None:
     plt.close(fig)
 
 
+def _count(n: int) -> str:
+    return f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e4 else f"{n:,}"
+
+
+def print_accuracy(r: dict) -> None:
+    """The accuracy section: every side against HF eager (the reference), alike; speed, then bits."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    c = Console() if sys.stdout.isatty() else Console(width=150)
+    acc = r["accuracy"]
+    rows = acc["rows"]
+    names = list(rows[0]["logits"]["ulp_buckets"])[1:]
+    t = Table(title=f"prefill against {acc['reference']}: one process, medians of {acc['repeats']} interleaved rounds, "
+                    f"(x) = ratio to the reference's median; floor: the side's GEMM self time in one profiled prefill "
+                    f"(x: of the reference's prefill)")
+    t.add_column("side", no_wrap=True)
+    for col in ("wall ms (x)", "CPU ms (x)", "GEMM floor ms (x)", "conv ms", "SDPA kernel ms"):
+        t.add_column(col, justify="right")
+    for row in rows:
+        fl = row.get("floor")
+        t.add_row(escape(row["side"]),
+                  f"{row['prefill_wall_ms']:,.0f} ({row['wall_ratio']:.3f})" if row["wall_ratio"] is not None else "n/a",
+                  f"{row['prefill_cpu_ms']:,.0f} ({row['cpu_ratio']:.3f})" if row["cpu_ratio"] is not None else "n/a",
+                  f"{fl['gemm_ms']:,.0f} ({row['floor_ratio']:.3f})" if fl and "floor_ratio" in row else "n/a",
+                  f"{fl['conv_ms']:,.1f}" if fl else "n/a", f"{fl['attention_kernel_ms']:,.1f}" if fl else "n/a")
+    c.print(t)
+    a = Table(title=f"outputs against {acc['reference']}: logits of every position ({rows[0]['logits']['n']:,}) by ulp "
+                    f"distance in their dtype; {rows[0]['tokens']['n']} greedy tokens; teacher-forced: each side fed the "
+                    f"reference's tokens, its top-1 compared step by step")
+    a.add_column("side", no_wrap=True)
+    a.add_column("differ", justify="right")
+    for b in names:
+        a.add_column(f"{b} ulp", justify="right")
+    for col in ("max |diff|", "argmax", "greedy equal", "diverges at (ref margin ulp)", "teacher-forced"):
+        a.add_column(col, justify="right")
+    for row in rows:
+        lg, tk = row["logits"], row["tokens"]
+        fd = tk["first_divergence"]
+        a.add_row(escape(row["side"]), f"{100 * lg['differ_share']:.1f}%",
+                  *(_count(lg['ulp_buckets'][b]) for b in names), f"{lg['max_abs_diff']:.3g}",
+                  f"{lg['argmax_agree']}/{lg['positions']}", f"{tk['equal']}/{tk['n']}",
+                  "-" if fd is None else f"{fd} ({tk.get('ref_margin_ulp_at_divergence', '?')})",
+                  f"{row['teacher_forced_agree']}/{row['teacher_forced_n']}")
+    c.print(a)
+    m = acc.get("ref_margins_ulp")
+    if m:
+        c.print(f"  the reference's own top-1 margin over its {len(m)} greedy steps: min {min(m)} ulp, "
+                f"{sum(1 for x in m if x <= 2)} steps within 2 ulps, {sum(1 for x in m if x <= 8)} within 8: where it is "
+                f"0-1 ulp, any side that rounds differently (torch.compile's too) may take the other token")
+
+
 def emit(report: dict, args) -> None:
     """The tables on stdout; the JSON at --report; the --ablation chart at its plot path."""
     ablation = report.get("ablation")
     print_report(report)
     if ablation is not None:
         print_ablation(report)
+    if report.get("accuracy") is not None:
+        print_accuracy(report)
     if args.report:
         try:
             Path(args.report).parent.mkdir(parents=True, exist_ok=True)

@@ -69,20 +69,27 @@ class Sides:
     def baseline(self) -> Side:
         return Side("baseline", self.compile_on, self.compile_off)
 
-    def patched(self, name: str, side_ops: tuple, timed_patch: bool) -> Side:
-        """A side whose on() is opgym.patch(model, ops=side_ops) and off() the undo; the patch handle's
-        call counters are summed into side.counts at each undo."""
+    def patched(self, name: str, side_ops: tuple, timed_patch: bool, fast: tuple | None = None) -> Side:
+        """A side whose on() is opgym.patch(model, ops=side_ops) (with fast: exact=False and those fast
+        substitutions) and off() the undo; the patch handle's call counters are summed into side.counts at
+        each undo, and the first handle's fast record (what each substitution changed) is side.fast."""
         handle = [None]
-        counts = {"fused": 0, "fallback": 0, "ops": {}}
+        counts = {"fused": 0, "fallback": 0, "ops": {}, "fast": {}}
 
         def on():
             t0 = time.perf_counter()
             try:
-                h = self.opgym.patch(self.model, ops=side_ops)
+                if fast is None:
+                    h = self.opgym.patch(self.model, ops=side_ops)
+                else:
+                    h = self.opgym.patch(self.model, ops=side_ops, exact=False, fast=fast)
             except (ValueError, KeyError) as e:
                 raise UsageError(f"--ops {self.args.ops}: {e}") from None
             if timed_patch and self.patch_ms is None:
                 self.patch_ms = (time.perf_counter() - t0) * 1e3
+            if fast is not None and side.fast is None:
+                side.fast = {k: list(v) for k, v in h.fast.items()}
+                side.fast_notes = {k: v for k, v in h.notes.items() if k.startswith("fast ")}
             h.reset_stats()
             handle[0] = h
             self.compile_on()
@@ -93,16 +100,17 @@ class Sides:
             st = h.stats()
             counts["fused"] += st["fused"]
             counts["fallback"] += st["fallback"]
-            for op, o in st["ops"].items():
-                acc = counts["ops"].setdefault(op, {"fused": 0, "fallback": 0, "reasons": {}})
-                acc["fused"] += o["fused"]
-                acc["fallback"] += o["fallback"]
-                for r, n in o["reasons"].items():
-                    acc["reasons"][r] = acc["reasons"].get(r, 0) + n
+            for key, per in (("ops", st["ops"]), ("fast", st.get("fast", {}).get("ops", {}))):
+                for op, o in per.items():
+                    acc = counts[key].setdefault(op, {"fused": 0, "fallback": 0, "reasons": {}})
+                    acc["fused"] += o["fused"]
+                    acc["fallback"] += o["fallback"]
+                    for r, n in o["reasons"].items():
+                        acc["reasons"][r] = acc["reasons"].get(r, 0) + n
             h.undo()
 
         side = Side(name, on, off)
-        side.ops, side.counts = tuple(side_ops), counts
+        side.ops, side.counts, side.fast, side.fast_notes = tuple(side_ops), counts, None, {}
         return side
 
 
@@ -122,4 +130,9 @@ def calls_section(opt: Side, model, compiled: bool) -> dict:
     if counts["ops"]:
         calls["per_op"] = {op: dict(v, switch=f"{spec(op).switch}=0 or --ops without {op}")
                            for op, v in counts["ops"].items()}
+    if opt.fast is not None:
+        calls["fast"] = {sub: {"changed": opt.fast[sub], **counts["fast"].get(sub, {"fused": 0, "fallback": 0,
+                                                                                      "reasons": {}})}
+                         for sub in opt.fast}
+        calls["fast_notes"] = opt.fast_notes
     return calls

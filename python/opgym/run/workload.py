@@ -82,6 +82,7 @@ def build_workload(args, M, ops, page, image, dtype, progress):
         "attn_implementation": args.attn,
         "device": device,
         "compile": bool(args.compile),
+        "fast": None,  # set by the run: the fast tier's substitutions on the opgym side (--fast)
         "ops": list(ops),
         "ablation": bool(args.ablation),
         "seed": args.seed,
