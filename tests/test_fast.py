@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import opgym
 from opgym import fast_tier, models
-from opgym.fast_patch_embed import NAME as PATCH_EMBED
+from opgym.ops.patch_embed.fast import NAME as PATCH_EMBED
 
 ALL = fast_tier.names()
 

@@ -25,8 +25,8 @@ like integration.py / capture.py / bench.py, and declares:
 The substitutions run after every exact op, so where both meet the same module the fast one is the
 forward that runs (the exact one is restored by undo); each fast.py says which wins and why.
 
-PENDING lists fast parts of ops that are not in the op table yet (the patch embedding, whose exact op is
-being built in python/opgym/ops/patch_embed/): they move to that folder's fast.py when it lands.
+PENDING lists fast parts of ops that are not in the op table yet (none now): a substitution may land before
+its exact op does, and moves to that op folder's fast.py when the op lands.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from types import ModuleType
 from . import ops as _ops_table
 
 # module paths of fast parts whose op folder is not in the op table yet
-PENDING = ("opgym.fast_patch_embed",)
+PENDING: tuple = ()
 
 
 def parts() -> dict[str, ModuleType]:

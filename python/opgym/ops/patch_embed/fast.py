@@ -1,5 +1,4 @@
-"""Fast tier: the vision patch embedding as one GEMM (to become python/opgym/ops/patch_embed/fast.py when
-the patch_embed op lands in the op table; fast_tier.PENDING lists it until then).
+"""Fast tier: the vision patch embedding as one GEMM (the patch_embed op's fast part).
 
 Qwen2-VL's patch embedding (and that of the vision towers that share its forward: Qwen2.5-VL, Qwen3-VL,
 Qwen3.5, GLM-4V, ...) views its input as [P, C, T, ph, pw] patches and runs a Conv3d whose kernel and
@@ -17,7 +16,7 @@ conv's shape. Anything else is left alone (handle.skipped says why). At call tim
 GEMM cannot take (its element count not a whole number of patches) runs the module's own forward,
 counted as a fallback; OPGYM_FAST_PATCH_EMBED=0 turns the substitution off without re-patching.
 
-Where the exact patch_embed op (being built) serves the same module, this substitution wins in a fast
+Where the exact patch_embed op (integration.py) serves the same module, this substitution wins in a fast
 patch: its forward is installed on top of the exact one (undo restores both in turn); the exact op keeps
 the conv's bits at a cost the GEMM does not have.
 """
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .guard import fingerprint, guarded, has_hooks, own_forward, wrappers
+from ...guard import fingerprint, guarded, has_hooks, own_forward, wrappers
 
 NAME = "patch_embed_gemm"
 TITLE = "vision patch embedding (Conv3d, kernel = stride) as one F.linear"
