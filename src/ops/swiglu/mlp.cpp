@@ -1,6 +1,7 @@
 // swiglu_mlp: the SwiGLU MLP in the torch-free core. The GEMMs are oneDNN's matmul (bf16 and fp32
 // operands as they are, fp16 widened to fp32; fp32 accumulation and an fp32 result, as torch's CPU
-// Linear, which is oneDNN too), each
+// Linear, which is oneDNN too; where the system's oneDNN has no bf16 matmul for the CPU, bf16 is widened
+// to fp32 like fp16), each
 // Linear's bias added to the fp32 result and one rounding to the dtype; the activation is swiglu's
 // kernel on the rounded gate and up (torch's roundings). A merged gate|up weight (w_up the second half
 // of w_gate's buffer) is one GEMM of 2 * I columns.
@@ -126,7 +127,16 @@ void gemm(DType t, const void* a, int64_t lda, const void* b, int64_t ldb, int64
   static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(engine);
   const dnnl::memory::desc a_md({T, K}, in, {lda, 1}), b_md({K, N}, in, {1, ldb}), c_md({T, N}, dt::f32, {N, 1});
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+  } catch (const dnnl::error&) {
+    // The system's oneDNN has no bf16 matmul for this CPU (Debian's 2.6 needs AVX-512 for it): the same
+    // products in fp32 (a bf16 times a bf16 is exact in fp32), summed in the fp32 kernel's order.
+    if (in != dt::bf16) throw;
+    gemm(t, a, lda, b, ldb, T, N, K, c, true);
+    return;
+  }
   dnnl::memory am(a_md, engine, const_cast<void*>(a)), bm(b_md, engine, const_cast<void*>(b)), cm(c_md, engine, c);
   dnnl::matmul(pd).execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   stream.wait();
