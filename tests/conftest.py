@@ -102,6 +102,35 @@ TINY_QWEN25VL = {
 }
 
 
+# A probe's refusal: an op's probe found that this CPU's torch computes a call in an order opgym has no form
+# for, and the call ran HF's own code (a fallback with one of these reasons: HF's bits either way). torch
+# runs a dtype's convolutions through oneDNN only where its own check allows (ONEDNN): elsewhere - bf16 and
+# fp16 on an AVX2-only CPU - its slow_conv3d (an unfold and a GEMM) and its fp16 GEMMs sum in other orders.
+PROBE_REFUSALS = ("no exact form at ", "bits differ from HF's per-window ones (probe)")
+ONEDNN = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+          torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported(), torch.float32: True}
+
+
+def refusals(stats: dict) -> int:
+    """The fallbacks in `stats` (a handle's stats, one op's, or a report's calls) that are probe refusals."""
+    return sum(n for r, n in stats.get("reasons", {}).items() if any(p in r for p in PROBE_REFUSALS))
+
+
+def assert_only_refusals(stats: dict, dtype=torch.bfloat16) -> None:
+    """Every fallback is a probe's refusal, and there is none where torch runs `dtype` through oneDNN."""
+    n = refusals(stats)
+    assert stats["fallback"] == n, stats
+    if ONEDNN[dtype]:
+        assert n == 0, stats
+
+
+def assert_served(stats: dict, dtype=torch.bfloat16) -> None:
+    """Fused calls and no fallback, except probe refusals where torch runs `dtype` outside oneDNN (there
+    an op may have refused every call)."""
+    assert_only_refusals(stats, dtype)
+    assert stats["fused"] > 0 or (not ONEDNN[dtype] and stats["fallback"] > 0), stats
+
+
 def tiny_qwen25vl(seed: int = 0, page=(56, 56)):
     """(model, inputs): 2 text layers, 2 vision blocks, bf16, seeded weights; a synthetic page."""
     from opgym import models

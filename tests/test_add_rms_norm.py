@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import opgym
-from conftest import hf_rms_norm, tiny_qwen25vl, graph_recorder
+from conftest import assert_only_refusals, graph_recorder, hf_rms_norm, tiny_qwen25vl
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SHAPES = [(1, 1, 2048), (1, 37, 2048), (100, 1280), (1, 5, 4, 128), (3, 7), (2, 1000)]
@@ -255,7 +255,8 @@ def test_qwen2_5_vl_generate_same_tokens(qwen25vl):
         with opgym.patch(model) as handle:
             got = model.generate(**inputs, **kw, output_logits=True, return_dict_in_generate=True)
             st = handle.stats()
-    assert st["ops"]["add_rms_norm"]["fused"] == 6 * 3 + 2 and st["fallback"] == 0, st
+    assert st["ops"]["add_rms_norm"]["fused"] == 6 * 3 + 2, st
+    assert_only_refusals(st)  # an AVX2-only CPU: patch_embed's probe refuses its bf16 conv
     assert torch.equal(ref.sequences, got.sequences)
     assert all(torch.equal(a, b) for a, b in zip(ref.logits, got.logits))
 

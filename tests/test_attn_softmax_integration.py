@@ -16,7 +16,7 @@ import torch
 import opgym
 from opgym import hooks
 from opgym.ops.attn_softmax import integration as integ, text, vision
-from conftest import graph_recorder, tiny_qwen25vl
+from conftest import assert_only_refusals, graph_recorder, tiny_qwen25vl
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
 
 TEXT = "model.language_model.layers.0.self_attn"
@@ -53,7 +53,7 @@ def test_logits_and_tokens_bit_identical_all_ops(uneven):
     assert st["fallback"] == 0 and st["fused"] > 0, st
     with opgym.patch(model) as h, torch.inference_mode():  # inference tensors: no version counter to cache on
         assert torch.equal(model(**inputs).logits, ref)
-        assert h.stats()["fallback"] == 0
+        assert_only_refusals(h.stats())
     for _, m in model.named_modules():
         assert "forward" not in m.__dict__ and "_opgym_patched" not in m.__dict__
     assert not _hooked_modules()
@@ -230,7 +230,7 @@ def test_switch_gradient_and_faults_fall_back(uneven, monkeypatch):
         h.reset_stats()
         with torch.no_grad():
             assert torch.equal(model(**inputs).logits, ref)
-        assert h.stats()["fallback"] == 0 and vision.probed()  # probed again, fused again
+        assert_only_refusals(h.stats()) and vision.probed()  # probed again, fused again
         h.reset_stats()
         out = model(**inputs).logits  # gradients enabled, weights require grad: HF's code
         assert torch.equal(out.detach(), ref)
@@ -340,7 +340,8 @@ def test_qwen25vl_with_an_image_every_dtype(dtype):
         got, gen = _run(model, inputs)
         st = h.stats()["ops"]["attn_softmax"]
     assert torch.equal(got, ref) and torch.equal(gen, gen_ref)
-    assert st["fallback"] == 0 and st["fused"] > 0, st
+    assert st["fused"] > 0, st
+    assert_only_refusals(st, dtype)  # fp16 on an AVX2-only CPU: the vision windows' one-pass GEMMs refused
 
 
 def test_training_falls_back_and_gradients_are_hf():

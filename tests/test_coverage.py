@@ -14,6 +14,7 @@ import torch
 
 from opgym import coverage
 from opgym.coverage.lists import KNOWN_UNBUILDABLE, LISTS
+from conftest import ONEDNN
 
 TYPES = LISTS["liger"]
 
@@ -74,8 +75,10 @@ def test_qwen2_5_vl_runs_on_an_image_and_is_served(report):
     """The model of opgym's own job: fed pixels, every op fused, output unchanged."""
     r = _by_type(report)["qwen2_5_vl"]
     assert r["inputs"].startswith("image+text"), r["inputs"]
-    assert set(r["fused"]) == {"rms_norm", "add_rms_norm", "rotary", "swiglu", "attn_softmax", "patch_embed"}, \
-        r["fused"]
+    want = {"rms_norm", "add_rms_norm", "rotary", "swiglu", "attn_softmax", "patch_embed"}
+    if not ONEDNN[torch.bfloat16]:  # an AVX2-only CPU: torch's bf16 conv is slow_conv3d, refused by the probe
+        want.discard("patch_embed")
+    assert set(r["fused"]) == want, r["fused"]
     assert r["identical"], r
 
 

@@ -101,8 +101,9 @@ def ablation(base, singles, opt, base_logits, opt_logits) -> dict:
         e["logits_elements_differing"] = differing
         e["tokens_identical"] = side.tokens == base.tokens
         c = side.counts
-        e["calls"] = {"fused": c["fused"], "fallback": c["fallback"],
-                      "per_op": {op: {"fused": v["fused"], "fallback": v["fallback"]} for op, v in c["ops"].items()}}
+        e["calls"] = {"fused": c["fused"], "fallback": c["fallback"], "reasons": c["reasons"],
+                      "per_op": {op: {"fused": v["fused"], "fallback": v["fallback"], "reasons": v["reasons"]}
+                                 for op, v in c["ops"].items()}}
         variants[key] = e
     return {
         "baseline": b,

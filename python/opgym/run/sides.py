@@ -74,7 +74,7 @@ class Sides:
         substitutions) and off() the undo; the patch handle's call counters are summed into side.counts at
         each undo, and the first handle's fast record (what each substitution changed) is side.fast."""
         handle = [None]
-        counts = {"fused": 0, "fallback": 0, "ops": {}, "fast": {}}
+        counts = {"fused": 0, "fallback": 0, "reasons": {}, "ops": {}, "fast": {}}
 
         def on():
             t0 = time.perf_counter()
@@ -100,6 +100,8 @@ class Sides:
             st = h.stats()
             counts["fused"] += st["fused"]
             counts["fallback"] += st["fallback"]
+            for r, n in st["reasons"].items():
+                counts["reasons"][r] = counts["reasons"].get(r, 0) + n
             for key, per in (("ops", st["ops"]), ("fast", st.get("fast", {}).get("ops", {}))):
                 for op, o in per.items():
                     acc = counts[key].setdefault(op, {"fused": 0, "fallback": 0, "reasons": {}})
@@ -121,7 +123,7 @@ def calls_section(opt: Side, model, compiled: bool) -> dict:
     from ..ops.rms_norm.integration import find_rms_norms
 
     counts = opt.counts
-    calls = {"fused": counts["fused"], "fallback": counts["fallback"],
+    calls = {"fused": counts["fused"], "fallback": counts["fallback"], "reasons": counts["reasons"],
              "counted_over": "every opgym-side run: warm-up, timed prefill and generate, profiled prefill "
                              "(not the exactness check)"
              + ("; under --compile the patched forward runs (and counts) only while dynamo traces a graph"
