@@ -270,6 +270,25 @@ def test_a_second_patch_keeps_the_verdicts(monkeypatch):
     assert _ndiff(first, ref) == 0 and _ndiff(again, ref) == 0
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=lambda d: str(d)[6:])
+def test_deepcopy_of_a_patched_module(dtype):
+    """copy.deepcopy of a patched patch embedding (transformers' assisted-decoding test copies the whole
+    patched model; deepcopy reaches the op's state before the copy's module has any attribute): the copy
+    is patched, computes HF's bits with its own weight, and the original keeps its own."""
+    import copy
+
+    m = _module(dtype)
+    px = _pixels(16, dtype, 4)
+    with opgym.patch(m, ops="patch_embed"), torch.no_grad():
+        ref = m(px)
+        m2 = copy.deepcopy(m)
+        assert type(m2.__dict__.get("forward")) is type(m.__dict__["forward"])
+        assert _ndiff(m2(px), ref) == 0
+        m2.proj.weight.mul_(2)
+        assert _ndiff(m2(px), type(m2).forward(m2, px)) == 0
+        assert _ndiff(m(px), ref) == 0
+
+
 def test_the_store_dies_with_the_weight():
     import gc
 

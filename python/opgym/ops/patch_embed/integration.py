@@ -131,11 +131,18 @@ class _State:
     """One patch embedding's view of its weight's store (packed forms, verdicts per signature)."""
 
     def __init__(self, module: nn.Module):
-        self.module, self.proj = module, module.proj
+        self.module = module
         self.local = threading.local()  # the first call's result, for fused/fallback to return
+
+    @property
+    def proj(self) -> nn.Module:
+        return self.module.proj
 
     def __deepcopy__(self, memo):
         # A deep copy of the model (PatchedForward) gets a state of its own: the copy's module and weight.
+        # The copy's module is still empty here (deepcopy copies a module's __dict__, its patched forward
+        # and so this state included, before it sets any of it on the copy): nothing of it is read until
+        # a call. Found by transformers' assisted-decoding test, which deep-copies a patched Qwen2.5-VL.
         return _State(copy.deepcopy(self.module, memo))
 
     def store(self) -> _Store:
