@@ -32,8 +32,9 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def served_here(dtype, bias=False) -> bool:
     """Whether this CPU's torch runs the conv in an order opgym has a form for: through oneDNN (torch's own
-    check, conftest.ONEDNN) and, with a bias, on AVX-512 (oneDNN's AVX2 fp32 kernel starts its sums from the
-    bias). Elsewhere - bf16/fp16 on an AVX2-only CPU run ATen's slow_conv3d - the probe must refuse."""
+    check, conftest.ONEDNN) and, with a bias, on AVX-512 (on an AVX2 CPU no form gave a biased fp32 conv's
+    bits: measured, the order not identified). Elsewhere - bf16/fp16 on an AVX2-only CPU run ATen's
+    slow_conv3d - the probe must refuse."""
     return ONEDNN[dtype] and (AVX512 or not bias)
 
 
