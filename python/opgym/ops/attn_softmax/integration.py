@@ -110,7 +110,7 @@ def _probe_notes(m: nn.Module, handle, kind, repeat_kv, is_vision: bool) -> None
             return
         if not (isinstance(H, int) and isinstance(D, int) and Lmax > 0):
             return
-        q = torch.empty(1, H, 1, D, dtype=dtype)
+        q = torch.empty(1, H, 1, D, dtype=dtype, device="cpu")
         ok = vision.one_pass_ok(q, q, Lmax)
         handle.notes[f"attn_softmax vision {str(dtype).replace('torch.', '')} H{H} D{D} windows<={Lmax} "
                      f"{torch.get_num_threads()} thread(s)"] = (
@@ -124,8 +124,8 @@ def _probe_notes(m: nn.Module, handle, kind, repeat_kv, is_vision: bool) -> None
     if not isinstance(KV, int):
         return
     for S in (1, 2):
-        q = torch.empty(1, KV * G, S, D, dtype=dtype)
-        k = torch.empty(1, KV, 1024, D, dtype=dtype)
+        q = torch.empty(1, KV * G, S, D, dtype=dtype, device="cpu")
+        k = torch.empty(1, KV, 1024, D, dtype=dtype, device="cpu")
         sig = text._signature(q, k, k, G)
         ok = text.grouped_ok(q, k, k, G, repeat_kv)
         key, note = text.describe(sig, ok)

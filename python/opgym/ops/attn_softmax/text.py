@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import torch
 
+from ...admission import Verdicts, bits_equal
 from ...guard import tensor_reason
 
 _MISSING = object()
 NAIVE_BMM = 400  # torch's bmm_out_or_baddbmm_: below this M*K*N a matrix takes the naive loop
-_PROBED: dict = {}  # signature -> bool (the grouped form gave HF's bits at every probed length)
+_PROBED = Verdicts("attn_softmax GQA grouped")  # signature -> bool (the grouped form gave HF's bits at every probed length)
 
 # (S, T) lengths each phase is probed at: decode one query against caches of several lengths; prefill
 # square prompts and prompts over a cache (chunked prefill, assisted decoding), small to mid-size.
@@ -54,7 +55,7 @@ def _signature(q, k, v, G: int) -> tuple:
 
 def _hf_layout(B, H, S, D, dtype, device, gen):
     """A [B, H, S, D] tensor in HF's layout (the projection's [B, S, H, D] seen through transpose)."""
-    return torch.randn(B, S, H, D, generator=gen).to(dtype=dtype, device=device).transpose(1, 2)
+    return torch.randn(B, S, H, D, generator=gen, device="cpu").to(dtype=dtype, device=device).transpose(1, 2)
 
 
 def probe(sig: tuple, repeat_kv) -> bool:
@@ -64,7 +65,7 @@ def probe(sig: tuple, repeat_kv) -> bool:
     dtype, dev, ph, _threads, B, KV, G, D, Dv = sig
     H = KV * G
     gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
+    with torch.no_grad():  # (also when called outside admission.Verdicts.decide)
         for S, T in (DECODE_LENGTHS if ph == "decode" else PREFILL_LENGTHS):
             if S * T * min(D, Dv) < NAIVE_BMM:
                 continue
@@ -72,19 +73,19 @@ def probe(sig: tuple, repeat_kv) -> bool:
             layouts = ("contiguous",) if ph == "decode" else ("contiguous", "projection")
             for layout in layouts:
                 if layout == "contiguous":
-                    k = torch.randn(B, KV, T, D, generator=gen).to(dtype=dtype, device=dev)
-                    v = torch.randn(B, KV, T, Dv, generator=gen).to(dtype=dtype, device=dev)
+                    k = torch.randn(B, KV, T, D, generator=gen, device="cpu").to(dtype=dtype, device=dev)
+                    v = torch.randn(B, KV, T, Dv, generator=gen, device="cpu").to(dtype=dtype, device=dev)
                 else:
                     k = _hf_layout(B, KV, T, D, dtype, dev, gen)
                     v = _hf_layout(B, KV, T, Dv, dtype, dev, gen)
                 hf = torch.matmul(q, repeat_kv(k, G).transpose(2, 3))
                 grouped = torch.matmul(q.reshape(B, KV, G * S, D), k.transpose(2, 3)).view(B, H, S, T)
-                if not torch.equal(hf, grouped):
+                if not bits_equal(hf, grouped):
                     return False
                 w = torch.softmax(hf.float(), -1).to(dtype)
                 out_hf = torch.matmul(w, repeat_kv(v, G))
                 out_grouped = torch.matmul(w.view(B, KV, G * S, T), v).view(B, H, S, Dv)
-                if not torch.equal(out_hf, out_grouped):
+                if not bits_equal(out_hf, out_grouped):
                     return False
     return True
 
@@ -98,18 +99,13 @@ def grouped_ok(q, k, v, G: int, repeat_kv) -> bool:
     if G <= 1 or S * T * min(D, Dv) < NAIVE_BMM:
         return False
     sig = _signature(q, k, v, G)
-    ok = _PROBED.get(sig)
-    if ok is None:
-        try:
-            ok = _PROBED[sig] = probe(sig, repeat_kv)
-        except Exception:  # noqa: BLE001 - a probe that cannot run admits nothing (never raise because of opgym)
-            return False  # not cached: the next call probes again
-    return ok
+    ok = _PROBED.decide(sig, lambda: probe(sig, repeat_kv), device=q.device)
+    return ok is True  # a Failed probe admits nothing and is not cached: the next call probes again
 
 
 def probed() -> dict:
     """What the probes found so far: signature -> bool."""
-    return dict(_PROBED)
+    return {sig: ok for sig, _env, ok in _PROBED.items()}
 
 
 def describe(sig: tuple, ok: bool) -> tuple[str, str]:

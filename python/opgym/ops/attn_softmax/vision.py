@@ -30,10 +30,11 @@ import weakref
 
 import torch
 
+from ...admission import Failed, Verdicts, bits_equal
 from ...guard import guarded, tensor_reason
 
 VERIFIED_FORWARD = {"8ccef68a3216e50b"}  # transformers 5.23: Qwen2_5_VLVisionAttention.forward
-_PROBED: dict = {}
+_PROBED = Verdicts("attn_softmax vision one pass")  # signature -> bool
 
 
 # ---- the forward copy: HF's statements, the window loop as one call -------------------------------
@@ -162,20 +163,20 @@ def probe(sig: tuple) -> bool:
         for lengths in ([Lmax] * 4, _probe_lengths(Lmax)):
             P = sum(lengths)
             if D == Dv:
-                qkv = torch.randn(P, 3, H, D, generator=gen).to(dtype=dtype, device=dev).permute(1, 0, 2, 3)
+                qkv = torch.randn(P, 3, H, D, generator=gen, device="cpu").to(dtype=dtype, device=dev).permute(1, 0, 2, 3)
                 q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in qkv.unbind(0))
                 # q and k as the vision rotary returns them: [P, H, D] contiguous, seen as [1, H, P, D]
                 q, k = (t[0].transpose(0, 1).contiguous().transpose(0, 1).unsqueeze(0) for t in (q, k))
             else:
-                q, k = (torch.randn(P, H, D, generator=gen).to(dtype=dtype, device=dev).transpose(0, 1).unsqueeze(0)
+                q, k = (torch.randn(P, H, D, generator=gen, device="cpu").to(dtype=dtype, device=dev).transpose(0, 1).unsqueeze(0)
                         for _ in range(2))
-                v = torch.randn(P, H, Dv, generator=gen).to(dtype=dtype, device=dev).transpose(0, 1).unsqueeze(0)
-            cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+                v = torch.randn(P, H, Dv, generator=gen, device="cpu").to(dtype=dtype, device=dev).transpose(0, 1).unsqueeze(0)
+            cu = torch.tensor([0] + list(torch.tensor(lengths, device="cpu").cumsum(0)), dtype=torch.int32, device="cpu")
             scaling = D ** -0.5
             ref = torch.cat([hf.eager_attention_forward(_M, a, b, c, None, scaling)[0] for a, b, c in
                              zip(*(torch.split(t, lengths, dim=2) for t in (q, k, v)))], dim=1)
             got = one_pass(q, k, v, cu, scaling)
-            if not torch.equal(ref, got):
+            if not bits_equal(ref, got):
                 return False
     return True
 
@@ -186,19 +187,12 @@ def one_pass_ok(q, v, Lmax: int) -> bool | None:
     if torch.compiler.is_compiling():
         return False  # HF's loop under torch.compile (no thread-count-dependent branch in a graph)
     sig = (q.dtype, q.device.type, torch.get_num_threads(), q.shape[1], q.shape[3], v.shape[3], Lmax)
-    ok = _PROBED.get(sig)
-    if ok is None:
-        if torch.compiler.is_compiling():
-            return False
-        try:
-            ok = _PROBED[sig] = probe(sig)
-        except Exception:  # noqa: BLE001 - a probe that cannot run admits nothing (never raise because of opgym)
-            return None  # not cached: the next call probes again
-    return ok
+    ok = _PROBED.decide(sig, lambda: probe(sig), device=q.device)
+    return None if isinstance(ok, Failed) else ok  # a Failed probe is not cached: the next call probes again
 
 
 def probed() -> dict:
-    return dict(_PROBED)
+    return {sig: ok for sig, _env, ok in _PROBED.items()}
 
 
 def make_vision_attention(eager_functions, counters, devices, switch):

@@ -15,17 +15,19 @@ two agree, and so do w and 1 + w shifted by one). The probe runs the module's ow
 copy of the module, so it never touches the model's parameters, and it runs per signature (x dtype,
 weight dtype): at patch time for the weight's dtype, and at the first eager call of any other.
 
-A verdict is cached per (class, forward, eps, the module's plain attributes, signature): modules whose
-forward and configuration are the same compute the same variant whatever their weights.
+A verdict is cached per (class, forward, eps, the module's plain attributes, signature) in opgym's
+shared admission cache (opgym/admission.py: the environment is part of the key; a probe that raised is
+not cached, and the probe's inputs are built on the CPU whatever torch's default device is): modules
+whose forward and configuration are the same compute the same variant whatever their weights.
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ...admission import Failed, Verdicts as _Verdicts, bits_equal
 from ...guard import FUSED_DTYPES
 
 # Elements per probe input: two variants that differ by one fp32 rounding before a bf16/fp16 rounding
@@ -46,8 +48,7 @@ class Variant:
 
 VARIANTS = (Variant("hf", False), Variant("fp32", False), Variant("hf", True), Variant("fp32", True))
 
-_CACHE: dict[tuple, tuple[Variant | None, str | None]] = {}
-_LOCK = threading.Lock()
+_VERDICTS = _Verdicts("rms_norm variant")
 
 
 def eps_of(module: nn.Module) -> float | None:
@@ -71,7 +72,8 @@ def _key(module: nn.Module, forward, x_dtype, w_dtype) -> tuple:
 def _inputs(dim: int, dtype: torch.dtype) -> torch.Tensor:
     g = torch.Generator().manual_seed(1234)
     rows = max(SPECIAL_ROWS, -(-PROBE_ELEMENTS // dim))
-    x = torch.randn(rows, dim, generator=g) * torch.exp(torch.randn(rows, 1, generator=g))  # varied row scales
+    x = (torch.randn(rows, dim, generator=g, device="cpu")
+         * torch.exp(torch.randn(rows, 1, generator=g, device="cpu")))  # varied row scales
     big = 300.0 if dtype == torch.float16 else 1e15  # an fp16 square overflows at 256; bf16/fp32 near 1.8e19
     for row, scale in ((4, 1e-3), (5, 1e3), (6, 1e-20), (7, big), (8, 0.0)):
         x[row] *= scale
@@ -81,7 +83,8 @@ def _inputs(dim: int, dtype: torch.dtype) -> torch.Tensor:
 
 def _weights(module: nn.Module, dim: int, dtype: torch.dtype) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(4321)
-    ws = [(1.0 + 0.5 * torch.randn(dim, generator=g)).to(dtype), (0.5 * torch.randn(dim, generator=g)).to(dtype)]
+    ws = [(1.0 + 0.5 * torch.randn(dim, generator=g, device="cpu")).to(dtype),
+          (0.5 * torch.randn(dim, generator=g, device="cpu")).to(dtype)]
     w = module.weight
     if w.device.type == "cpu" and w.dtype == dtype and w.numel() == dim:
         ws.append(w.detach().clone())
@@ -92,7 +95,7 @@ def _to_cpu(t: torch.Tensor | None) -> torch.Tensor | None:
     if t is None:
         return None
     if t.device.type == "meta":
-        return torch.zeros(t.shape, dtype=t.dtype)
+        return torch.zeros(t.shape, dtype=t.dtype, device="cpu")
     return t.detach().to("cpu", copy=True)
 
 
@@ -111,13 +114,6 @@ def _cpu_clone(module: nn.Module) -> nn.Module:
     return clone
 
 
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    view = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[a.dtype]
-    return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
-
-
 def _probe(module: nn.Module, forward, x_dtype, w_dtype) -> tuple[Variant | None, str | None]:
     eps = eps_of(module)
     w = module.weight
@@ -129,28 +125,24 @@ def _probe(module: nn.Module, forward, x_dtype, w_dtype) -> tuple[Variant | None
     try:
         clone = _cpu_clone(module)
     except Exception as e:  # noqa: BLE001 - a module we cannot copy is not probed, so not served
-        return None, f"probe failed: cannot copy the module ({type(e).__name__}: {e})"
+        return None, f"cannot copy the module for the probe ({type(e).__name__}: {e})"
     fwd = getattr(forward, "__func__", None)
     if fwd is None or getattr(forward, "__self__", None) is not module:
         return None, "forward is not a method of the module (cannot be probed on a copy)"
     # With an fp32 input, rounding h to x's dtype is no rounding: the two modes are one computation.
     matching = {v for v in VARIANTS if x_dtype != torch.float32 or v.mode == "hf"}
-    x = _inputs(dim, x_dtype)
-    try:
-        with torch.no_grad():
-            for wt in _weights(module, dim, w_dtype):
-                clone._parameters["weight"] = nn.Parameter(wt, requires_grad=False)
-                want = fwd(clone, x.clone())
-                if not isinstance(want, torch.Tensor):
-                    return None, "forward does not return a tensor"
-                for v in list(matching):
-                    got = torch.ops.opgym.rms_norm(x, wt, eps, v.mode, v.weight_offset)
-                    if not _bits_equal(want, got):
-                        matching.discard(v)
-                if not matching:
-                    break
-    except Exception as e:  # noqa: BLE001 - a probe failure means: do not patch
-        return None, f"probe failed: {type(e).__name__}: {e}"
+    x = _inputs(dim, x_dtype)  # exceptions from here on are the admission cache's (opgym/admission.py)
+    for wt in _weights(module, dim, w_dtype):
+        clone._parameters["weight"] = nn.Parameter(wt, requires_grad=False)
+        want = fwd(clone, x.clone())
+        if not isinstance(want, torch.Tensor):
+            return None, "forward does not return a tensor"
+        for v in list(matching):
+            got = torch.ops.opgym.rms_norm(x, wt, eps, v.mode, v.weight_offset)
+            if not bits_equal(want, got):
+                matching.discard(v)
+        if not matching:
+            break
     if not matching:
         return None, (f"forward does not compute HF's RMSNorm in any variant opgym has, bit for bit "
                       f"({x_dtype}/{w_dtype} probe: Llama's two roundings, one fp32 rounding, Gemma's 1 + weight)")
@@ -170,13 +162,10 @@ def admit(module: nn.Module, forward=None, x_dtype=None, w_dtype=None) -> tuple[
         return None, "no 1-D weight"
     w_dtype = w_dtype or w.dtype
     x_dtype = x_dtype or w_dtype
-    key = _key(module, forward, x_dtype, w_dtype)
-    with _LOCK:
-        hit = _CACHE.get(key)
-    if hit is None:
-        hit = _probe(module, forward, x_dtype, w_dtype)
-        with _LOCK:
-            _CACHE[key] = hit
+    hit = _VERDICTS.decide(_key(module, forward, x_dtype, w_dtype),
+                           lambda: _probe(module, forward, x_dtype, w_dtype), device="cpu")
+    if isinstance(hit, Failed):  # not cached: the next call probes again
+        return None, hit.reason
     return hit
 
 
@@ -199,5 +188,7 @@ class Verdicts:
             if torch.compiler.is_compiling():
                 return f"signature {x_dtype}/{w_dtype} not admitted before tracing"
             got, why = admit(self.module, self.forward, x_dtype, w_dtype)
-            v = self.by_sig[(x_dtype, w_dtype)] = got if got is not None else why
+            v = got if got is not None else why
+            if got is not None or not why.startswith("probe failed"):  # a failure is not a verdict
+                self.by_sig[(x_dtype, w_dtype)] = v
         return v

@@ -65,7 +65,7 @@ def _separate_forward(mlp: nn.Module, form: Separate, kind: str, merge_it: bool,
         return finish(down(act(gate(x), up(x))))
 
     if merge_it:
-        state = merge(mlp, gate, up, down, handle, _mode(), chunk, merged, kind)
+        state = merge(mlp, gate, up, down, handle, _mode(), chunk, kind)
         H, H_out = gate.weight.shape[1], down.weight.shape[0]
 
         def fused(x):
@@ -100,7 +100,7 @@ def _serve_separate(name: str, mlp: nn.Module, form: Separate, handle, devices, 
     if mode == "act":
         merge_it, chunk, why = False, False, f"{ENV_MODE}=act"
     else:
-        same, chunk = probe(gate, up, down, merged_op(kind), kind)
+        same, chunk = probe(gate, up, down, kind)
         merge_it = same or mode == "merged"
         why = ("merged GEMM gives the separate GEMMs' bits (probe)" if same else
                f"forced by {ENV_MODE}=merged (the probe found the merged GEMM's bits differ)" if merge_it else

@@ -10,6 +10,8 @@ merges again from the current values.
 Whether an MLP is merged is measured, not assumed: at patch time, once per (dtype, device, H, I, bias)
 in the process, a probe runs torch's GEMM on random rows of that shape (T = 1, 5 and CHUNK_ROWS + 5)
 with the layer's own weights, and merges only if the merged GEMM gives the separate GEMMs' bits exactly
+(verdicts in opgym's admission cache, opgym/admission.py: keyed on the thread count and torch's CPU
+capability too, since a GEMM's blocking follows them; a probe that raised is not cached)
 (OPGYM_SWIGLU_MODE: auto, the default; merged forces the merge; act never merges). Measured here
 (oneDNN on AVX512-BF16): bf16 and fp16 identical on every Qwen2.5-VL shape, fp32 not at T = 1 on the
 vision MLP. Unmerged, only the activation is fused and the GEMMs stay HF's. Long inputs (prefill) run in
@@ -24,11 +26,13 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from ...admission import Failed, Verdicts, bits_equal
 from ...guard import SettingError
+from .forms import merged_op
 
 ENV_MODE = "OPGYM_SWIGLU_MODE"  # auto (default) | merged | act
 CHUNK_ROWS = 256  # rows per chunk of a long input (merged mode, when the probe allows it)
-_PROBED: dict[tuple, tuple[bool, bool]] = {}  # signature -> (merge gives HF's bits, chunks give the same bits)
+_PROBED = Verdicts("swiglu gate|up merge")  # signature -> (merge gives HF's bits, chunks give the same bits)
 
 
 def mode() -> str:
@@ -43,32 +47,36 @@ def signature(g: nn.Linear, d: nn.Linear, act: str = "silu") -> tuple:
             g.bias is not None, act)
 
 
-def probe(g: nn.Linear, u: nn.Linear, d: nn.Linear, merged_op, act: str = "silu") -> tuple[bool, bool]:
+def probe(g: nn.Linear, u: nn.Linear, d: nn.Linear, act: str = "silu") -> tuple[bool, bool]:
     """(merged GEMM == separate GEMMs, row chunks == whole) on random rows, bit for bit, with torch's own
-    GEMMs on this machine; cached per signature. merged_op: the fused activation on [.., gate | up]."""
+    GEMMs on this machine; cached per signature and environment. (False, False) when the probe raised
+    (not cached: the next call probes again)."""
     key = signature(g, d, act)
-    if key in _PROBED:
-        return _PROBED[key]
+    got = _PROBED.decide(key, lambda: _probe(g, u, d, act, key), device=key[1])
+    return (False, False) if isinstance(got, Failed) else got
+
+
+def _probe(g, u, d, act, key) -> tuple[bool, bool]:
     dtype, device, H = key[0], key[1], key[2]
+    op = merged_op(act)
     gen = torch.Generator().manual_seed(0)
     merged_ok = chunk_ok = True
-    with torch.no_grad():
-        w = torch.cat([g.weight, u.weight])
-        b = torch.cat([g.bias, u.bias]) if g.bias is not None else None
-        for T in (1, 5, CHUNK_ROWS + 5):
-            x = torch.randn(T, H, generator=gen).to(dtype=dtype, device=device)
-            whole = F.linear(x, w, b)
-            sep = torch.cat([F.linear(x, g.weight, g.bias), F.linear(x, u.weight, u.bias)], -1)
-            merged_ok = merged_ok and torch.equal(whole, sep)
-            if T > CHUNK_ROWS:
-                parts = torch.cat([F.linear(x[:CHUNK_ROWS], w, b), F.linear(x[CHUNK_ROWS:], w, b)])
-                act_out = merged_op(whole)
-                down_whole = F.linear(act_out, d.weight, d.bias)
-                down_parts = torch.cat([F.linear(act_out[:CHUNK_ROWS], d.weight, d.bias),
-                                        F.linear(act_out[CHUNK_ROWS:], d.weight, d.bias)])
-                chunk_ok = torch.equal(parts, whole) and torch.equal(down_parts, down_whole)
-    _PROBED[key] = (merged_ok, chunk_ok)
-    return _PROBED[key]
+    # (decide() runs this under no_grad, with `device` as the default device)
+    w = torch.cat([g.weight, u.weight])
+    b = torch.cat([g.bias, u.bias]) if g.bias is not None else None
+    for T in (1, 5, CHUNK_ROWS + 5):
+        x = torch.randn(T, H, generator=gen, device="cpu").to(dtype=dtype, device=device)
+        whole = F.linear(x, w, b)
+        sep = torch.cat([F.linear(x, g.weight, g.bias), F.linear(x, u.weight, u.bias)], -1)
+        merged_ok = merged_ok and bits_equal(whole, sep)
+        if T > CHUNK_ROWS:
+            parts = torch.cat([F.linear(x[:CHUNK_ROWS], w, b), F.linear(x[CHUNK_ROWS:], w, b)])
+            act_out = op(whole)
+            down_whole = F.linear(act_out, d.weight, d.bias)
+            down_parts = torch.cat([F.linear(act_out[:CHUNK_ROWS], d.weight, d.bias),
+                                    F.linear(act_out[CHUNK_ROWS:], d.weight, d.bias)])
+            chunk_ok = bits_equal(parts, whole) and bits_equal(down_parts, down_whole)
+    return merged_ok, chunk_ok
 
 
 class Merged:
@@ -82,11 +90,14 @@ class Merged:
     again for the new signature (a bf16 merge that was exact need not be in fp32). The merge is undone
     (each Linear gets contiguous storage of its own, the same values) whenever the MLP's state_dict is
     taken, so no state_dict, save_pretrained or tie check ever sees two weights sharing storage; the
-    next fused call merges again (one copy of gate and up for that layer)."""
+    next fused call merges again (one copy of gate and up for that layer).
 
-    def __init__(self, gate: nn.Linear, up: nn.Linear, down: nn.Linear, mode_: str, chunk: bool, merged_op,
+    It holds plain data only (the activation by name): the MLP's state_dict hook is this object's
+    `unmerge`, so `torch.save(model)` pickles it."""
+
+    def __init__(self, gate: nn.Linear, up: nn.Linear, down: nn.Linear, mode_: str, chunk: bool,
                  act: str = "silu"):
-        self.gate, self.up, self.down, self.mode, self.merged_op, self.act = gate, up, down, mode_, merged_op, act
+        self.gate, self.up, self.down, self.mode, self.act = gate, up, down, mode_, act
         self.w = self.b = None
         self.sig, self.ok, self.chunk = signature(gate, down, act), True, chunk
 
@@ -94,7 +105,7 @@ class Merged:
         """Whether the merged GEMM may serve the Linears as they are now (see the class docstring)."""
         sig = signature(self.gate, self.down, self.act)
         if sig != self.sig:
-            same, chunk = probe(self.gate, self.up, self.down, self.merged_op, self.act)
+            same, chunk = probe(self.gate, self.up, self.down, self.act)
             forced = same or self.mode == "merged"
             self.sig, self.ok, self.chunk = sig, forced, chunk and forced
         return self.ok
@@ -142,9 +153,9 @@ class Merged:
 
 
 def merge(mlp: nn.Module, gate: nn.Linear, up: nn.Linear, down: nn.Linear, handle, mode_: str, chunk: bool,
-          merged_op, act: str = "silu") -> Merged:
+          act: str = "silu") -> Merged:
     """Merges now; unmerges whenever `mlp`'s state_dict is taken and at undo."""
-    state = Merged(gate, up, down, mode_, chunk, merged_op, act)
+    state = Merged(gate, up, down, mode_, chunk, act)
     state.merge()
     hook = mlp.register_state_dict_pre_hook(state.unmerge)
 
