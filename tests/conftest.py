@@ -39,6 +39,11 @@ def report(line: str) -> None:
     REPORT.append(line)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "full: a long test (minutes), run by `make test-full` (make test-python-full), not by `make test`")
+
+
 def pytest_terminal_summary(terminalreporter):
     if REPORT:
         terminalreporter.section("opgym precision")

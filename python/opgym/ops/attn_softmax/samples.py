@@ -1,0 +1,98 @@
+"""attn_softmax's contract (opgym/ops/contract.py): what HF eager attention computes between its two matmuls, on
+Qwen2.5-VL-3B's captured attention shapes (text: 16 heads, prefill 282 x 282 with HF's causal mask, decode 1 x 300
+with a left-padded batch's mask; vision: 64-patch windows of a 1024-patch page, packed; a full-attention block),
+and the whole eager_attention_forward as one operator (repeat_kv as HF, 16 q heads on 2 kv heads), each against
+transformers' own eager_attention_forward or its statements."""
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+
+from ..contract import Misuse, Sample, rand
+
+OPS = torch.ops.opgym
+TEXT_SCALING = 128 ** -0.5
+VISION_SCALING = 80 ** -0.5
+
+
+def hf_softmax(scores, scale, mask=None):
+    """eager_attention_forward's statements: `* scaling`, `+ attention_mask`, softmax in fp32, `.to(dtype)`."""
+    w = scores * scale
+    if mask is not None:
+        w = w + mask
+    return F.softmax(w, dim=-1, dtype=torch.float32).to(scores.dtype)
+
+
+def segments(scores, scale, cu_seqlens, block_diagonal=False):
+    """Each window's own softmax (HF's loop over windows), packed at column 0 (or at the window's own columns)."""
+    out = torch.zeros_like(scores)
+    cu = cu_seqlens.tolist()
+    for s, e in zip(cu[:-1], cu[1:]):
+        c0 = s if block_diagonal else 0
+        out[..., s:e, c0:c0 + e - s] = hf_softmax(scores[..., s:e, c0:c0 + e - s], scale)
+    return out
+
+
+def eager(q, k, v, scale, mask=None, groups=1, grouped=False):
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
+
+    module = types.SimpleNamespace(num_key_value_groups=groups, training=False)
+    return hf.eager_attention_forward(module, q, k, v, mask, scaling=scale)
+
+
+def causal_mask(B, S, T, dtype, left_pad=0):
+    """HF's 4-D float mask: 0 where attended, finfo.min elsewhere; batch row 1 left-padded by `left_pad` keys."""
+    mn = torch.finfo(dtype).min
+    i = torch.arange(S, device="cpu")[:, None] + (T - S)
+    j = torch.arange(T, device="cpu")[None, :]
+    m = torch.zeros(B, 1, S, T, dtype=dtype, device="cpu")
+    m.masked_fill_((j > i)[None, None], mn)
+    if B > 1 and left_pad:
+        m[1, :, :, :left_pad] = mn
+    return m
+
+
+def samples(dtype: torch.dtype) -> list[Sample]:
+    out = [
+        Sample("text prefill [1, 16, 282, 282], causal", OPS.attn_softmax.default,
+               (rand((1, 16, 282, 282), dtype, 1, 30.0), TEXT_SCALING, causal_mask(1, 282, 282, dtype)), hf_softmax),
+        Sample("text decode [2, 16, 1, 300], left-padded", OPS.attn_softmax.default,
+               (rand((2, 16, 1, 300), dtype, 2, 30.0), TEXT_SCALING, causal_mask(2, 1, 300, dtype, left_pad=17)),
+               hf_softmax),
+        Sample("vision full attention [1, 16, 1024, 1024]", OPS.attn_softmax.default,
+               (rand((1, 16, 1024, 1024), dtype, 3, 10.0), VISION_SCALING), hf_softmax),
+        Sample("rows of one key, no mask", OPS.attn_softmax.default, (rand((3, 1), dtype, 4), 0.5), hf_softmax),
+        Sample("empty rows", OPS.attn_softmax.default, (rand((0, 16), dtype, 5), 0.5), hf_softmax),
+        Sample("in place", OPS.attn_softmax_.default,
+               (rand((1, 4, 9, 40), dtype, 6, 10.0), TEXT_SCALING, causal_mask(1, 9, 40, dtype)), hf_softmax),
+    ]
+    cu = torch.tensor([0, 64, 128, 192, 237, 301], dtype=torch.int32, device="cpu")  # windows, the last ones uneven
+    out.append(Sample("vision windows, packed", OPS.attn_softmax_segments.default,
+                      (rand((16, 301, 64), dtype, 7, 10.0), VISION_SCALING, cu), segments))
+    out.append(Sample("vision images, block diagonal", OPS.attn_softmax_segments.default,
+                      (rand((16, 300, 300), dtype, 8, 10.0), VISION_SCALING,
+                       torch.tensor([0, 200, 300], device="cpu"), True), segments))
+    q = rand((1, 16, 37, 128), dtype, 9, 2.0)
+    k, v = rand((1, 2, 37, 128), dtype, 10, 2.0), rand((1, 2, 37, 128), dtype, 11)
+    out.append(Sample("eager_attention_forward, GQA 16 on 2 (repeat_kv)", OPS.attn_eager.default,
+                      (q, k, v, TEXT_SCALING, causal_mask(1, 37, 37, dtype), 8, False), eager))
+    return out
+
+
+def misuses() -> list[Misuse]:
+    s = rand((4, 16), torch.bfloat16, 0)
+    return [
+        Misuse("a mask of another dtype", lambda: OPS.attn_softmax(s, 0.1, torch.zeros(4, 16, device="cpu")),
+               ValueError, "mask must have scores' dtype", (s,)),
+        Misuse("a mask that does not broadcast", lambda: OPS.attn_softmax(s, 0.1, torch.zeros(3, 16, dtype=s.dtype,
+                                                                                                  device="cpu")),
+               ValueError, "mask must broadcast to scores", (s,)),
+        Misuse("integer scores", lambda: OPS.attn_softmax(s.int(), 0.1), ValueError, "scores has dtype Int", (s,)),
+        Misuse("a NaN scale", lambda: OPS.attn_softmax(s, float("nan")), ValueError, "scale must be a number", (s,)),
+        Misuse("windows that do not cover the rows", lambda: OPS.attn_softmax_segments_(
+            s, 0.1, torch.tensor([0, 2, 3], device="cpu")), ValueError, "cu_seqlens must run from 0 to P = 4", (s,)),
+        Misuse("decreasing windows", lambda: OPS.attn_softmax_segments_(s, 0.1, torch.tensor([0, 3, 2, 4], device="cpu")),
+               ValueError, "must not decrease", (s,)),
+    ]

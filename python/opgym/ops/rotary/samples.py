@@ -1,0 +1,80 @@
+"""rotary's contract (opgym/ops/contract.py): Qwen2.5-VL-3B's captured rotary calls - the text path (16 q heads,
+2 kv heads, head dim 128, HF's transposed projection views) at decode and prefill, MRoPE's three sections
+(16, 24, 24), the vision tower's fp32 tables over 1024 patches (16 heads, head dim 80) - and edge cases, against
+transformers' own rotary functions."""
+from __future__ import annotations
+
+import torch
+
+from ..contract import Misuse, Sample, rand
+
+OPS = torch.ops.opgym
+
+
+def _hf():
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
+    return hf
+
+
+def text(q, k, cos, sin, *_args, **_kw):
+    return _hf().apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def vision(q, k, cos, sin, *_args, **_kw):
+    return _hf().apply_rotary_pos_emb_vision(q, k, cos, sin)
+
+
+def mrope(q, k, cos, sin, unsqueeze_dim=1, mode="hf", section=(16, 24, 24), *_args, **_kw):
+    """Qwen2-VL's apply_multimodal_rotary_pos_emb: each third of the table from its own position row."""
+    hf = _hf()
+    sec = list(section) * 2
+    cos = torch.cat([m[i % 3] for i, m in enumerate(cos.split(sec, dim=-1))], dim=-1).unsqueeze(unsqueeze_dim)
+    sin = torch.cat([m[i % 3] for i, m in enumerate(sin.split(sec, dim=-1))], dim=-1).unsqueeze(unsqueeze_dim)
+    return q * cos + hf.rotate_half(q) * sin, k * cos + hf.rotate_half(k) * sin
+
+
+def _text_qk(S, dtype, seed, H=16, KV=2, D=128):
+    """HF's q_proj(x).view(B, S, H, D).transpose(1, 2): strided heads."""
+    q = rand((1, S, H, D), dtype, seed).transpose(1, 2)
+    k = rand((1, S, KV, D), dtype, seed + 1).transpose(1, 2)
+    return q, k
+
+
+def samples(dtype: torch.dtype) -> list[Sample]:
+    out = []
+    for name, S in (("decode S=1", 1), ("prefill S=282", 282), ("empty S=0", 0)):
+        q, k = _text_qk(S, dtype, 10 + S)
+        cos, sin = rand((1, S, 128), dtype, 20 + S), rand((1, S, 128), dtype, 30 + S)
+        out.append(Sample(f"text {name}", OPS.rotary.default, (q, k, cos, sin), text))
+    q, k = _text_qk(31, dtype, 40)
+    cos, sin = rand((3, 1, 31, 128), dtype, 41), rand((3, 1, 31, 128), dtype, 42)
+    out.append(Sample("MRoPE sections (16, 24, 24)", OPS.rotary.default, (q, k, cos, sin, 1, "hf", [16, 24, 24]), mrope))
+    qkv = rand((1024, 3, 16, 80), dtype, 50)
+    vq, vk, _ = qkv.permute(1, 0, 2, 3).unbind(0)  # HF's vision attention: strided views of one projection
+    vcos, vsin = rand((1024, 80), torch.float32, 51), rand((1024, 80), torch.float32, 52)
+    out.append(Sample("vision fp32 tables, 1024 patches", OPS.rotary.default, (vq, vk, vcos, vsin, -2, "fp32"), vision))
+    q, k = (t.contiguous() for t in _text_qk(5, dtype, 60, H=4))
+    cos, sin = rand((1, 5, 128), dtype, 61), rand((1, 5, 128), dtype, 62)
+    out.append(Sample("in place", OPS.rotary_.default, (q, k, cos, sin), text))
+    return out
+
+
+def misuses() -> list[Misuse]:
+    q, k = _text_qk(3, torch.bfloat16, 0, H=4, KV=2, D=8)
+    cos, sin = rand((1, 3, 8), torch.bfloat16, 1), rand((1, 3, 8), torch.bfloat16, 2)
+    qc, kc = q.contiguous(), k.contiguous()
+    return [
+        Misuse("an odd head dim", lambda: OPS.rotary(q[..., :7], k[..., :7], cos[..., :7], sin[..., :7]), ValueError,
+               "must be even", (q, k)),
+        Misuse("fp32 tables in mode hf", lambda: OPS.rotary(q, k, cos.float(), sin.float()), ValueError,
+               "mode hf computes in q's dtype", (q, k)),
+        Misuse("tables that do not broadcast", lambda: OPS.rotary(q, k, cos[:, :2], sin[:, :2]), ValueError,
+               "does not broadcast", (q, k)),
+        Misuse("k of another dtype", lambda: OPS.rotary(q, k.float(), cos, sin), ValueError, "k must have q's dtype",
+               (q, k)),
+        Misuse("MRoPE sections that do not sum to half the dim",
+               lambda: OPS.rotary(q, k, rand((3, 1, 3, 8), torch.bfloat16, 3), rand((3, 1, 3, 8), torch.bfloat16, 4),
+                                  1, "hf", [1, 1, 1]), ValueError, "sum to half the rotary dim", (q, k)),
+        Misuse("in place with q and k one tensor", lambda: OPS.rotary_(qc, qc, cos[:, :, :8], sin), ValueError,
+               "overlaps", (qc,)),
+    ]

@@ -1,0 +1,59 @@
+"""swiglu's contract (opgym/ops/contract.py): the gated activation at Qwen2.5-VL-3B's captured widths (text
+intermediate 11008 at decode and prefill, the vision MLP's 3420 over 1024 patches), GELU-tanh (Gemma), the halves
+of one gate_up projection (`.chunk(2, -1)` views; vLLM's merged layout), and the whole MLP, against torch's own
+`F.silu(gate) * up` / `F.gelu(gate, approximate="tanh") * up` and F.linear: HF's MLP forward is those calls."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..contract import Misuse, Sample, rand
+
+OPS = torch.ops.opgym
+
+
+def _act(x, activation):
+    return F.silu(x) if activation == "silu" else F.gelu(x, approximate="tanh")
+
+
+def pair(gate, up, activation="silu"):
+    return _act(gate, activation) * up
+
+
+def merged(gate_up, activation="silu"):
+    n = gate_up.shape[-1] // 2
+    return _act(gate_up[..., :n].contiguous(), activation) * gate_up[..., n:]
+
+
+def mlp(x, w_gate_up, b_gate_up, w_down, b_down=None, activation="silu"):
+    return F.linear(merged(F.linear(x, w_gate_up, b_gate_up), activation), w_down, b_down)
+
+
+def samples(dtype: torch.dtype) -> list[Sample]:
+    out = []
+    for name, shape in (("text decode [1, 1, 11008]", (1, 1, 11008)), ("text prefill [1, 282, 11008]", (1, 282, 11008)),
+                        ("vision [1024, 3420]", (1024, 3420)), ("empty [0, 64]", (0, 64))):
+        g, u = rand(shape, dtype, 1, 4.0), rand(shape, dtype, 2)
+        out.append(Sample(f"silu {name}", OPS.swiglu.default, (g, u), pair))
+    g, u = rand((7, 300), dtype, 3, 4.0), rand((7, 300), dtype, 4)
+    out.append(Sample("gelu_tanh (Gemma)", OPS.swiglu.default, (g, u, "gelu_tanh"), pair))
+    gu = rand((5, 2 * 333), dtype, 5, 4.0)
+    out.append(Sample("halves of one gate_up (chunk views)", OPS.swiglu.default, tuple(gu.chunk(2, -1)), pair))
+    out.append(Sample("merged [.., gate | up]", OPS.swiglu_merged.default, (gu,), merged))
+    out.append(Sample("merged gelu_tanh", OPS.swiglu_merged.default, (gu, "gelu_tanh"), merged))
+    x = rand((6, 64), dtype, 6)
+    wgu, bgu, wd = rand((2 * 96, 64), dtype, 7, 0.1), rand((2 * 96,), dtype, 8, 0.1), rand((64, 96), dtype, 9, 0.1)
+    out.append(Sample("MLP with torch's GEMMs", OPS.swiglu_mlp.default, (x, wgu, None, wd, None), mlp))
+    out.append(Sample("MLP with biases", OPS.swiglu_mlp.default, (x, wgu, bgu, wd, rand((64,), dtype, 10, 0.1)), mlp))
+    return out
+
+
+def misuses() -> list[Misuse]:
+    g, u = rand((4, 16), torch.bfloat16, 0), rand((4, 16), torch.bfloat16, 1)
+    return [
+        Misuse("up of another shape", lambda: OPS.swiglu(g, u[:, :8]), ValueError, "up", (g, u)),
+        Misuse("up of another dtype", lambda: OPS.swiglu(g, u.float()), ValueError, "up", (g, u)),
+        Misuse("an activation opgym has not", lambda: OPS.swiglu(g, u, "relu"), ValueError, "activation", (g, u)),
+        Misuse("an odd merged width", lambda: OPS.swiglu_merged(g[:, :15]), ValueError, "gate_up", (g,)),
+        Misuse("an integer gate", lambda: OPS.swiglu(g.int(), u), ValueError, "gate", (g, u)),
+    ]
