@@ -31,11 +31,19 @@ del _name, _mod, _fn
 from . import capture as _capture_module  # noqa: E402 - loaded before `capture` below, which must stay the function
 
 
+def compile(model, **kwargs):  # noqa: A001 - opgym.compile, as torch.compile
+    """The exact graph path: `model` compiled in place through Dynamo with opgym's patterns (opgym.graph);
+    returns the GraphHandle (what was replaced, what was left as captured and why, the call counts)."""
+    from .graph import compile as _compile
+
+    return _compile(model, **kwargs)
+
+
 def capture(model, **kwargs):
     """Context manager recording every call opgym serves in `model`; see opgym.capture.Capture."""
     return _capture_module.Capture(model, **kwargs)
 
 
-__all__ = ["available", "SUPPORTED_OPS", "build_info", "capture", "empty_output_cache", "find_rms_norms", "load_error",
+__all__ = ["available", "SUPPORTED_OPS", "build_info", "capture", "compile", "empty_output_cache", "find_rms_norms", "load_error",
            "output_cache_info", "patch", "PatchHandle", "reset_stats", "set_output_cache_limit", "stats",
            "__version__", *_OP_EXPORTS]

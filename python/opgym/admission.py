@@ -120,14 +120,15 @@ class Verdicts:
         with self._lock:
             return self._cache.get(self.key(sig, device))
 
-    def decide(self, sig: Hashable, probe: Callable[[], object], device="cpu"):
+    def decide(self, sig: Hashable, probe: Callable[[], object], device="cpu", in_backend: bool = False):
         """The verdict for `sig` on `device`: cached, or probe() run now (on `device`, no_grad) and cached.
-        Returns Failed(reason) without caching when the probe raised, NotProbed under torch.compile."""
+        Returns Failed(reason) without caching when the probe raised, NotProbed while Dynamo traces user code
+        (in_backend: the caller is a torch.compile backend, which runs on real tensors: it may probe)."""
         k = self.key(sig, device)
         with self._lock:
             if k in self._cache:
                 return self._cache[k]
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() and not in_backend:
             return NotProbed(f"{self.name}: signature not probed before tracing")
         self.probes += 1
         try:

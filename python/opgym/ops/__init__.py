@@ -14,7 +14,7 @@ from .spec import OpSpec
 
 OPS = ("rms_norm", "add_rms_norm", "rotary", "swiglu", "attn_softmax", "patch_embed")
 
-PARTS = ("integration", "capture", "bench", "fast")
+PARTS = ("integration", "capture", "bench", "fast", "patterns", "samples")
 
 
 def module(name: str) -> ModuleType:

@@ -1,0 +1,126 @@
+"""The backend: each captured graph rewritten by every op's patterns (opgym/graph/__init__.py), then run
+eagerly as Python (GraphModule.forward), as captured everywhere else."""
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+
+import torch
+import torch.fx as fx
+
+from .. import ops as _ops_table
+from ..guard import Stats, count, summary, switch_on
+from .regions import extract, splice
+
+_LOCK = threading.Lock()
+
+
+class GuardedRegion:
+    """What replaces a region in the graph: target(*inputs, *consts), or the region's captured code."""
+
+    def __init__(self, op: str, target, consts: tuple, fallback, counters):
+        self.op, self.target, self.consts, self.fallback, self.counters = op, target, consts, fallback, counters
+        self.switch = _ops_table.spec(op).switch
+        self.__name__ = f"opgym_{op}"
+
+    def __call__(self, *inputs):
+        if not switch_on(self.switch):
+            reason = f"{self.switch}=0"
+        elif torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+            reason = f"gradient needed (opgym::{self.op} has no backward)"
+        else:
+            try:
+                out = self.target(*inputs, *self.consts)
+            except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
+                reason = f"opgym error: {type(e).__name__}"
+            else:
+                count(self.counters, True)
+                return out
+        count(self.counters, False, reason)
+        return self.fallback(*inputs)
+
+
+class GraphHandle:
+    """What `opgym.compile` returns: per op, the regions replaced and the candidates left as captured (with
+    why), over every graph Dynamo handed the backend; the calls counted as in opgym.patch (`stats()`); the
+    number of graphs (`graphs`: a recompilation adds one); `undo()`."""
+
+    def __init__(self, model: torch.nn.Module | None = None):
+        self._model = weakref.ref(model) if model is not None else None
+        self.graphs = 0
+        self.replaced: dict = collections.Counter()
+        self.skipped: dict = collections.defaultdict(collections.Counter)
+        self._stats = {name: Stats() for name in _ops_table.OPS}
+
+    def stats(self) -> dict:
+        return summary(self._stats)
+
+    def reset_stats(self) -> None:
+        for s in self._stats.values():
+            s.reset()
+
+    def undo(self) -> None:
+        m = self._model() if self._model is not None else None
+        if m is not None:
+            m._compiled_call_impl = None
+
+    def __repr__(self) -> str:
+        return f"GraphHandle(graphs={self.graphs}, replaced={dict(self.replaced)}, skipped={ {k: dict(v) for k, v in self.skipped.items()} })"
+
+
+_DEFAULT = GraphHandle()
+
+
+def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule:
+    """Every op's patterns over one graph (in the op table's order); returns gm, recompiled."""
+    graph = gm.graph
+    for op in _ops_table.OPS if ops is None else ops:
+        pat = _ops_table.part(op, "patterns")
+        if pat is None:
+            continue
+        for region in pat.find(graph):
+            try:
+                verdict, why = pat.admit(region)
+            except Exception as e:  # noqa: BLE001 - a candidate that cannot be probed stays as captured
+                verdict, why = None, f"probe failed: {type(e).__name__}: {e}"
+            if verdict is None:
+                handle.skipped[op][why] += 1
+                continue
+            target, consts = pat.replacement(region, verdict)
+            fallback = extract(region["inputs"], region["output"], region["nodes"])
+            call = GuardedRegion(op, target, consts, fallback, (handle._stats[op], _DEFAULT._stats[op]))
+            splice(graph, region["output"], call, tuple(region["inputs"]))
+            handle.replaced[op] += 1
+    graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def backend(gm: fx.GraphModule, example_inputs, handle: GraphHandle | None = None):
+    """A torch.compile backend: the graph rewritten by opgym's patterns, run eagerly."""
+    handle = handle or _DEFAULT
+    with _LOCK:
+        handle.graphs += 1
+        rewrite(gm, handle)
+    return gm.forward
+
+
+def compile(model: torch.nn.Module, *, dynamic=None) -> GraphHandle:  # noqa: A001 - opgym.compile
+    """Compiles `model` in place through the exact graph path (module docstring); returns its GraphHandle.
+    Graphs are captured at the first call of each new input signature."""
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"opgym.compile: expected a torch.nn.Module, got {type(model).__name__}")
+    handle = GraphHandle(model)
+
+    def _backend(gm, example_inputs):
+        return backend(gm, example_inputs, handle)
+
+    model.compile(backend=_backend, dynamic=dynamic)
+    return handle
+
+
+try:  # torch.compile(model, backend="opgym")
+    torch._dynamo.register_backend(name="opgym")(lambda gm, example_inputs: backend(gm, example_inputs))
+except Exception:  # noqa: BLE001 - registered already (a reload), or a torch without the registry
+    pass

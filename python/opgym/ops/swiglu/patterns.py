@@ -1,0 +1,76 @@
+"""The gated activation in a captured graph (the exact graph path, opgym/graph): `act(gate) * up` with act
+torch's SiLU or tanh-GELU (F.silu, F.gelu(approximate="tanh"), however the model's act_fn module spells it once
+Dynamo has inlined it), gate and up of one shape and dtype. Admitted by bits: the region, cut out of the graph,
+against opgym::swiglu on random rows of the call's width (and on its strides: chunk views of one projection
+stay views), and replaced only when they agree."""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ...admission import Failed, Verdicts
+from ...graph.regions import extract, is_call, same_bits, val
+
+OP = torch.ops.opgym.swiglu.default
+_VERDICTS = Verdicts("swiglu graph region")
+
+
+def _activation(node) -> str | None:
+    if not isinstance(node, fx.Node) or len(node.args) != 1:
+        return None
+    if is_call(node, "silu") and not node.kwargs.get("inplace", False):
+        return "silu"
+    if is_call(node, "gelu") and node.kwargs.get("approximate") == "tanh" and set(node.kwargs) == {"approximate"}:
+        return "gelu_tanh"
+    return None
+
+
+def find(graph: fx.Graph) -> list[dict]:
+    out = []
+    for m in graph.nodes:
+        if not is_call(m, "mul") or len(m.args) != 2 or m.kwargs:
+            continue
+        for i in (0, 1):
+            act, up = m.args[i], m.args[1 - i]
+            kind = _activation(act)
+            if kind is None or not isinstance(up, fx.Node):
+                continue
+            gate = act.args[0]
+            gv, uv = val(gate), val(up)
+            if not (isinstance(gv, torch.Tensor) and isinstance(uv, torch.Tensor)):
+                continue
+            if gv.shape != uv.shape or gv.dtype != uv.dtype or gv.dim() < 1:
+                continue
+            try:
+                width = int(gv.shape[-1])
+                strides = (int(gv.stride(-1)), int(uv.stride(-1)))
+            except (TypeError, ValueError):
+                continue
+            out.append({"inputs": [gate, up], "nodes": [act, m], "output": m, "activation": kind, "order": i,
+                        "signature": (kind, i, gv.dtype, width, strides)})
+            break
+    return out
+
+
+def _probe(region: dict):
+    kind, order, dtype, width, _ = region["signature"]
+    fn = extract(region["inputs"], region["output"], region["nodes"])
+    g = torch.Generator().manual_seed(7)
+    probes = []
+    for rows in (1, 5, 67):
+        gate = (torch.randn(rows, width, generator=g, device="cpu") * 4).to(dtype)
+        up = torch.randn(rows, width, generator=g, device="cpu").to(dtype)
+        probes.append((gate, up))
+    ok, why = same_bits(fn, lambda a, b: OP(a, b, kind), probes)
+    return (kind, None) if ok else (None, f"opgym::swiglu ({kind}) does not give the region's bits ({why})")
+
+
+def admit(region: dict):
+    got = _VERDICTS.decide(region["signature"], lambda: _probe(region), device="cpu", in_backend=True)
+    if isinstance(got, Failed):
+        return None, got.reason
+    return got
+
+
+def replacement(region: dict, kind) -> tuple:
+    return OP, (kind,)

@@ -1,0 +1,117 @@
+"""The exact graph path (opgym.compile, the torch.compile backend "opgym"; issue 31): patterns found on the
+captured graph by what they compute and admitted by bits - HF models give HF eager's logits and greedy tokens
+with the regions replaced, a near miss is left as captured (and would change the logits if it were not), the
+switch and a needed gradient run the captured code, counted."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import opgym
+from opgym import graph
+
+transformers = pytest.importorskip("transformers")
+
+
+def _qwen2(dtype, seed=0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=96, attn_implementation="eager")
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg).eval().to(dtype)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16], ids=str)
+def test_hf_model_logits_and_tokens_are_hf_eager_bits(dtype):
+    m, ref = _qwen2(dtype), _qwen2(dtype)
+    h = graph.compile(m)
+    ids = torch.randint(3, 99, (1, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, ref(ids).logits)
+    assert h.replaced["rms_norm"] == 5 and h.replaced["swiglu"] == 2, h  # 2 layers x 2 norms + the final norm
+    s = h.stats()["ops"]
+    assert s["rms_norm"]["fused"] == 5 and s["swiglu"]["fused"] == 2 and h.stats()["fallback"] == 0
+    with torch.no_grad():
+        assert torch.equal(m.generate(ids, max_new_tokens=5, do_sample=False),
+                           ref.generate(ids, max_new_tokens=5, do_sample=False))
+
+
+class _NoUpcast(nn.Module):
+    """An RMSNorm computed in the input's dtype (no float32 upcast): the same ops as Llama's, one cast less. No
+    variant of opgym gives its bf16 bits, so the graph path must leave it as captured."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.3 * torch.randn(d))
+        self.eps = 1e-6
+
+    def forward(self, x):
+        v = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(v + self.eps))
+
+
+class _Llama(_NoUpcast):
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class _OtherDim(_NoUpcast):
+    """The mean over the rows instead of the last dim: not an RMSNorm over the hidden size."""
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(0, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("cls,served", [(_Llama, True), (_NoUpcast, False), (_OtherDim, False)])
+def test_near_misses_stay_as_captured(cls, served):
+    torch.manual_seed(0)
+    m = cls(256).to(torch.bfloat16).eval()
+    x = (torch.randn(33, 256) * torch.exp(torch.randn(33, 1))).to(torch.bfloat16)
+    with torch.no_grad():
+        want = m(x)
+        h = graph.compile(m)
+        got = m(x)
+    assert torch.equal(got, want)
+    assert h.replaced["rms_norm"] == (1 if served else 0), h
+    if cls is _NoUpcast:  # found, probed, refused: the reason is kept
+        assert any("no RMSNorm variant" in why for why in h.skipped["rms_norm"]), h
+        # and the test would see a wrong admission: opgym's nearest variant differs from this module's bits
+        assert not torch.equal(opgym.rms_norm(x, m.weight.detach(), m.eps), want)
+
+
+def test_switch_and_gradient_run_the_captured_code(monkeypatch):
+    m, ref = _qwen2(torch.float32), _qwen2(torch.float32)
+    h = graph.compile(m)
+    ids = torch.randint(3, 99, (1, 6), generator=torch.Generator().manual_seed(2))
+    monkeypatch.setenv("OPGYM_RMS_NORM", "0")
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, ref(ids).logits)
+    assert h.stats()["ops"]["rms_norm"]["fallback"] == 5 and h.stats()["ops"]["rms_norm"]["fused"] == 0
+    monkeypatch.delenv("OPGYM_RMS_NORM")
+    h.reset_stats()
+    loss = m(ids).logits.sum()  # grad enabled, parameters require grad: the captured code, HF's gradients
+    loss.backward()
+    ref(ids).logits.sum().backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(m.parameters(), ref.parameters()))
+    assert h.stats()["fused"] == 0 and h.stats()["fallback"] > 0
+
+
+def test_registered_as_a_torch_compile_backend():
+    opgym.compile  # noqa: B018 - the package's entry point exists
+    m, ref = _qwen2(torch.bfloat16), _qwen2(torch.bfloat16)
+    ids = torch.randint(3, 99, (1, 5), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(torch.compile(m, backend="opgym")(ids).logits, ref(ids).logits)
