@@ -37,9 +37,10 @@ def test_hf_model_logits_and_tokens_are_hf_eager_bits(dtype):
     ids = torch.randint(3, 99, (1, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(m(ids).logits, ref(ids).logits)
-    assert h.replaced["rms_norm"] == 5 and h.replaced["swiglu"] == 2, h  # 2 layers x 2 norms + the final norm
+    assert h.replaced["rms_norm"] == 5 and h.replaced["swiglu"] == 2 and h.replaced["attn_softmax"] == 2, h  # 2 layers x 2 norms + the final norm
     s = h.stats()["ops"]
-    assert s["rms_norm"]["fused"] == 5 and s["swiglu"]["fused"] == 2 and h.stats()["fallback"] == 0
+    assert s["rms_norm"]["fused"] == 5 and s["swiglu"]["fused"] == 2 and s["attn_softmax"]["fused"] == 2
+    assert h.stats()["fallback"] == 0
     with torch.no_grad():
         assert torch.equal(m.generate(ids, max_new_tokens=5, do_sample=False),
                            ref.generate(ids, max_new_tokens=5, do_sample=False))
