@@ -18,7 +18,7 @@ from .lists import LISTS
 __all__ = ["run", "summarize", "add_arguments", "main", "LISTS"]
 
 
-def run(types, seed: int = 0, progress=None, timeout: float = 300.0, on_built=None) -> dict:
+def run(types, seed: int = 0, progress=None, timeout: float = 300.0, on_built=None, path: str = "patch") -> dict:
     """{"transformers", "torch", "seed", "seconds", "results": [runner.run_type(t) ...]}. A type that
     takes more than `timeout` seconds is stopped (status "timed out"; main thread only)."""
     import torch
@@ -29,9 +29,9 @@ def run(types, seed: int = 0, progress=None, timeout: float = 300.0, on_built=No
     _quiet()
     t0 = time.perf_counter()
     report = {"transformers": transformers.__version__, "torch": torch.__version__, "seed": seed,
-              "threads": torch.get_num_threads(), "results": []}
+              "threads": torch.get_num_threads(), "path": path, "results": []}
     for i, t in enumerate(types):
-        report["results"].append(run_type_limited(t, seed, timeout, on_built))
+        report["results"].append(run_type_limited(t, seed, timeout, on_built, path))
         report["seconds"] = round(time.perf_counter() - t0, 1)
         if progress is not None:
             progress(i + 1, len(types), report)
@@ -114,6 +114,8 @@ def add_arguments(p) -> None:
     p.add_argument("--catalog", default=None, metavar="FILE", help="also write the catalog of HF's op variants "
                    "(norms, MLPs, decoder layers, q/k norms, rotary functions) of the types built, as Markdown")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--path", default="patch", choices=("patch", "graph"), help="how opgym serves each model: "
+                   "opgym.patch (per module) or opgym.compile (the exact graph path); default patch")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one type may take (default 300)")
     p.add_argument("--quiet", action="store_true", help="no per-type progress lines")
 
@@ -150,7 +152,7 @@ def main(args) -> int:
         def on_built(t, model, config, kind):
             entries.append(collect_model(t, model, config, kind))
 
-    report = run(types, seed=args.seed, progress=progress, timeout=args.timeout, on_built=on_built)
+    report = run(types, seed=args.seed, progress=progress, timeout=args.timeout, on_built=on_built, path=args.path)
     report["summary"] = summarize(report)
     print_table(report)
     if args.json:

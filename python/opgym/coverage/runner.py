@@ -97,7 +97,7 @@ def _is_vision_only(model) -> bool:
     return "pixel_values" in params and "input_ids" not in params
 
 
-def run_type(model_type: str, seed: int = 0, on_built=None) -> dict:
+def run_type(model_type: str, seed: int = 0, on_built=None, path: str = "patch") -> dict:
     import opgym
 
     t0 = time.perf_counter()
@@ -127,6 +127,8 @@ def run_type(model_type: str, seed: int = 0, on_built=None) -> dict:
         return result
     result.update(output=name, numel=ref.numel(), nan=bool(ref.isnan().any()),
                   deterministic=count_differ(ref, again) == 0)
+    if path == "graph":
+        return _through_graph(model, inputs, ref, result, t0)
     try:
         handle = opgym.patch(model)
     except Exception as e:  # noqa: BLE001 - the lead's patch() is to never raise; report it meanwhile
@@ -161,14 +163,44 @@ class _Timeout(BaseException):
     runner (or of the model) swallows it."""
 
 
-def run_type_limited(model_type: str, seed: int = 0, timeout: float = 300.0, on_built=None) -> dict:
+def _through_graph(model, inputs, ref, result: dict, t0: float) -> dict:
+    """The exact graph path (opgym.compile) instead of patch(): regions replaced per op, calls, the regions
+    left as captured with why; the same comparison of bits."""
+    import opgym
+
+    torch._dynamo.reset()
+    try:
+        handle = opgym.compile(model)
+        _, got = _forward(model, inputs)
+    except Exception as e:  # noqa: BLE001
+        result.update(status="patched forward raised", error=_short(e))
+        got, handle = None, None
+    if handle is not None:
+        stats = handle.stats()["ops"]
+        result["patched"] = {op: n for op, n in handle.replaced.items() if n}
+        result["fused"] = {op: s["fused"] for op, s in stats.items() if s["fused"]}
+        result["fallback"] = {op: s["reasons"] for op, s in stats.items() if s["fallback"]}
+        result["skipped"] = {f"{why} ({op})": n for op, c in handle.skipped.items() for why, n in c.items()}
+        result["graphs"] = handle.graphs
+        handle.undo()
+    torch._dynamo.reset()
+    if got is not None:
+        result["differ"] = count_differ(ref, got)
+        result["identical"] = result["differ"] == 0
+        _, after = _forward(model, inputs)
+        result["undo_restores"] = count_differ(ref, after) == 0
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    return result
+
+
+def run_type_limited(model_type: str, seed: int = 0, timeout: float = 300.0, on_built=None, path: str = "patch") -> dict:
     """run_type with a wall-clock limit (SIGALRM, main thread only; elsewhere no limit). A patch
     applied when the limit hits stays on a model that is discarded anyway."""
     import signal
     import threading
 
     if timeout <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
-        return run_type(model_type, seed, on_built)
+        return run_type(model_type, seed, on_built, path)
 
     def alarm(signum, frame):
         raise _Timeout()
@@ -177,7 +209,7 @@ def run_type_limited(model_type: str, seed: int = 0, timeout: float = 300.0, on_
     old = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        return run_type(model_type, seed, on_built)
+        return run_type(model_type, seed, on_built, path)
     except _Timeout:
         head = build.head_of(model_type)
         return {"type": model_type, "status": "timed out", "error": f"stopped after {timeout:g} s",
