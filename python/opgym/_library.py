@@ -2,6 +2,10 @@
 (availability, build_info, the output cache). Each op's Python API is in its folder, opgym/ops/<op>/.
 
 The library is a plain shared object registered through TORCH_LIBRARY; loading it needs no compiler.
+It is built against one torch release (TORCH_SUPPORTED; pyproject.toml declares the same range): under
+another, or when the file is missing or broken, `import opgym` still works, `available()` is False,
+`load_error()` says why (naming the torch found and the range supported), the op functions raise that
+error, and `opgym.patch(model)` warns once and leaves the model untouched.
 """
 from __future__ import annotations
 
@@ -11,6 +15,12 @@ import torch
 
 _LIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_C.so")
 _load_error: str | None = None
+# The torch releases this build of opgym loads in (the extension is compiled against one torch's C++ ABI).
+TORCH_SUPPORTED = ">=2.13,<2.14"
+
+
+def _torch_found() -> str:
+    return f"torch {torch.__version__} is installed; this opgym supports torch{TORCH_SUPPORTED}"
 
 
 def _load() -> None:
@@ -23,8 +33,8 @@ def _load() -> None:
         return
     try:
         torch.ops.load_library(_LIB)
-    except OSError as e:  # e.g. built against another torch
-        _load_error = f"cannot load {_LIB}: {e}"
+    except Exception as e:  # noqa: BLE001 - built against another torch, a broken file: never raise on import
+        _load_error = f"cannot load {_LIB} ({_torch_found()}): {type(e).__name__}: {str(e)[:300]}"
 
 
 def _safe_has_op() -> bool:

@@ -38,6 +38,7 @@ SUPPORTED_OPS = tuple(name for name in _ops_table.OPS if _ops_table.part(name, "
 _GLOBAL: dict[str, Stats] = {name: Stats() for name in SUPPORTED_OPS}
 _GLOBAL_FAST: dict[str, Stats] = {}  # per fast substitution (fast_tier.py), created at its first patch
 _LOCK = threading.Lock()
+_WARNED_UNAVAILABLE = False  # patch() warns once per process when the compiled operators cannot load
 
 
 def stats() -> dict:
@@ -235,9 +236,11 @@ def patch(model: nn.Module, ops=None, *, exact: bool = True, fast=None) -> Patch
 
     Returns a PatchHandle: `patched_by_op` lists what each op serves, `skipped` what it left alone and
     why; `handle.undo()` restores the model. A model with nothing opgym serves gets a handle that says
-    so (and a warning), never an error. Raises ValueError for an unknown op name or a non-Module,
-    RuntimeError when the compiled operators are missing.
+    so (and a warning), never an error. Raises ValueError for an unknown op name or a non-Module.
+    Where the compiled operators cannot load (another torch release, a broken install), the model is
+    left untouched: a warning (once per process) names why, and the handle's `skipped` says so.
     """
+    global _WARNED_UNAVAILABLE
     if ops is None:
         ops = SUPPORTED_OPS
     if isinstance(ops, str):
@@ -252,8 +255,15 @@ def patch(model: nn.Module, ops=None, *, exact: bool = True, fast=None) -> Patch
     if exact and fast is not None:
         raise ValueError("opgym.patch: fast= selects fast-tier substitutions; it needs exact=False")
     selected = () if exact else fast_tier.select(fast)
-    _library.require()
     handle = PatchHandle(model, exact=bool(exact))
+    if not _library.available():
+        why = _library.load_error() or "opgym's operators are not registered with torch"
+        handle.skipped["<opgym>"] = f"nothing patched: {why}"
+        handle.active = False
+        if not _WARNED_UNAVAILABLE:
+            _WARNED_UNAVAILABLE = True
+            warnings.warn(f"opgym.patch: the model is left as it is: {why}", stacklevel=2)
+        return handle
     with _LOCK:
         for name in SUPPORTED_OPS:  # table order, whatever order `ops` names them in
             if name in ops:

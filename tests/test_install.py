@@ -1,0 +1,66 @@
+"""What an installed opgym promises about its environment (issue 32): the torch range it declares is the one
+the extension checks, and where the compiled operators cannot load, `import opgym` and `opgym.patch(model)`
+never raise: patch warns once, names the torch found and the range, and leaves the model as it is."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import opgym
+from opgym import _library
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_declared_torch_range_is_the_one_the_extension_names():
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_dep = next(d for d in deps if d.startswith("torch"))
+    assert torch_dep == "torch" + _library.TORCH_SUPPORTED
+
+
+_SCRIPT = r"""
+import warnings, torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+import opgym
+assert not opgym.available()
+print("LOAD_ERROR", opgym.load_error())
+cfg = Qwen2Config(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, intermediate_size=37)
+torch.manual_seed(0); m = Qwen2ForCausalLM(cfg).eval()
+torch.manual_seed(0); ref = Qwen2ForCausalLM(cfg).eval()
+ids = torch.randint(3, 99, (1, 5))
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    h1 = opgym.patch(m)
+    h2 = opgym.patch(m)
+print("WARNINGS", len([x for x in w if "opgym.patch" in str(x.message)]))
+print("ACTIVE", h1.active, h2.active, sorted(h1.skipped))
+with torch.no_grad():
+    print("SAME", torch.equal(m(ids).logits, ref(ids).logits))
+print("FORWARDS", sum("forward" in mod.__dict__ for mod in m.modules()))
+try:
+    opgym.rms_norm(torch.ones(2, 4), torch.ones(4))
+except RuntimeError as e:
+    print("OPERROR", "cannot load" in str(e))
+"""
+
+
+def test_a_broken_extension_leaves_import_and_patch_working(tmp_path):
+    """The installed package copied with its _C.so replaced by a file that is no library (what a user with
+    another torch release meets, in kind: the load fails): everything still imports and runs HF's code."""
+    pkg = Path(opgym.__file__).parent
+    shutil.copytree(pkg, tmp_path / "opgym", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "opgym" / "_C.so").write_bytes(b"not a shared library")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert "cannot load" in lines["LOAD_ERROR"] and f"torch{_library.TORCH_SUPPORTED}" in lines["LOAD_ERROR"]
+    assert lines["WARNINGS"] == "1"
+    assert lines["ACTIVE"] == "False False ['<opgym>']"
+    assert lines["SAME"] == "True" and lines["FORWARDS"] == "0" and lines["OPERROR"] == "True"
