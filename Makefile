@@ -1,4 +1,5 @@
-# opgym: `make run` runs the main job, `make test` runs every test. Both install what is missing.
+# opgym: `make run` runs the main job, `make test` runs the tests CI runs (under 30 minutes on 2 cores),
+# `make test-full` everything. Each installs what is missing.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 JOBS ?= $(shell nproc)
@@ -8,11 +9,12 @@ VENV_VLLM := .venv-vllm
 PY_VLLM := $(VENV_VLLM)/bin/python
 APT_PACKAGES := cmake ninja-build g++ make libgtest-dev libgmock-dev nlohmann-json3-dev libbenchmark-dev libcli11-dev \
                 clang libclang-rt-14-dev libsleef-dev libdnnl-dev
-FUZZ_SECONDS ?= 10
+FUZZ_SECONDS ?= 3
 CMAKE_ARGS ?=
 
-.PHONY: all deps venv build build-asan build-fuzz test test-cpp test-asan test-fuzz test-python test-huge test-hf test-hf-ci install-python run bench coverage coverage-old clean \
-        venv-vllm install-vllm test-vllm serve-bench
+.PHONY: all deps venv build build-san build-cuda wheel test test-full test-cpp test-san test-fuzz test-python \
+        test-python-full test-fuzz-long test-san-full test-huge test-hf test-hf-ci test-hf-full test-wheel-torch install-python run bench coverage \
+        coverage-old coverage-full clean venv-vllm install-vllm test-vllm serve-bench
 
 all: build
 
@@ -32,45 +34,80 @@ $(VENV)/.requirements: requirements.txt
 	touch $@
 venv: $(VENV)/.requirements
 
-build: deps
-	cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS) >/dev/null
-	cmake --build build -j $(JOBS)
+# The core is compiled twice: one Release tree (build/) and one sanitizer tree (build-san/).
+#
+# build/: everything Release in one CMake tree, configured by scikit-build-core: the core, its GoogleTest
+# suites, the precision runner (build/opgym), the benchmarks, and the torch extension, packed into one
+# wheel (dist/) that every venv of the project installs (.venv, .venv-vllm, test-wheel-torch's): nothing
+# is compiled again per venv. The extension follows the build venv's torch (a CPU torch: no CUDA).
+# A C++ user without Python configures the core alone: cmake -S . -B <dir> (the README).
+SKBUILD_ARGS := -C build-dir=build -C cmake.define.OPGYM_BUILD_TESTS=ON -C cmake.define.OPGYM_BUILD_TOOLS=ON \
+                -C cmake.define.OPGYM_BUILD_BENCH=ON
+wheel: venv deps
+	rm -rf dist
+	$(PY) -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps $(SKBUILD_ARGS) -w dist .
+build: wheel
 
-build-asan: deps
-	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPGYM_SANITIZE=ON -DOPGYM_BUILD_BENCH=OFF -DOPGYM_CUDA=off $(CMAKE_ARGS) >/dev/null
-	cmake --build build-asan -j $(JOBS)
+# build-san/: clang, ASan + UBSan at -O1 (the sanitizers' usual level): the GoogleTest suites, the
+# precision runner and the libFuzzer targets, all from one compile of the core.
+build-san: deps
+	CC=clang CXX=clang++ cmake -S . -B build-san -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g" \
+	  -DOPGYM_FUZZ=ON -DOPGYM_SANITIZE=ON -DOPGYM_CUDA=off -DOPGYM_BUILD_BENCH=OFF $(CMAKE_ARGS) >/dev/null
+	cmake --build build-san -j $(JOBS)
 
-# libFuzzer targets (clang, ASan + UBSan, -O1: the sanitizers' usual level, and a fast build).
-build-fuzz: deps
-	CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g" \
-	  -DOPGYM_FUZZ=ON -DOPGYM_SANITIZE=ON -DOPGYM_CUDA=off -DOPGYM_BUILD_TESTS=OFF -DOPGYM_BUILD_BENCH=OFF \
+# The CUDA backend compiled (nvcc; no GPU needed) in a tree of its own: `make test-full` only.
+build-cuda: deps
+	cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPGYM_CUDA=on -DOPGYM_BUILD_BENCH=OFF \
 	  -DOPGYM_BUILD_TOOLS=OFF $(CMAKE_ARGS) >/dev/null
-	cmake --build build-fuzz -j $(JOBS)
+	cmake --build build-cuda -j $(JOBS)
 
 # Each fuzz target for FUZZ_SECONDS on its corpus (fuzz/corpus/<target>); a crash fails the run.
-test-fuzz: build-fuzz
-	scripts/fuzz.sh $(FUZZ_SECONDS)
+test-fuzz: build-san
+	scripts/fuzz.sh $(FUZZ_SECONDS) run build-san
 
 test-cpp: build
 	ctest --test-dir build -j $(JOBS) --output-on-failure
 
-test-asan: build-asan
-	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan -j $(JOBS) --output-on-failure
+# The sanitizer tree's suites. SAN_CTEST_ARGS: `make test` leaves out the precision runner over every case file
+# (check_cases_*: 3 minutes each under ASan; they run in build/ at full speed, and fuzz_case_file covers the
+# runner's input handling under the sanitizers); `make test-full` runs them too.
+SAN_CTEST_ARGS ?= -E ^check_cases_
+test-san: build-san
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-san -j $(JOBS) --output-on-failure \
+	  $(SAN_CTEST_ARGS)
 
-# The Python package (torch operators built from C++), installed into the venv.
-install-python: venv deps
-	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps .
+test-san-full:
+	$(MAKE) --no-print-directory test-san SAN_CTEST_ARGS=
 
+# The Python package (torch operators built from C++): the wheel, installed into the venv.
+install-python: wheel
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --force-reinstall dist/opgym-*.whl
+
+# The Python suite without the tests marked `full` (the long ones: tests/conftest.py says which).
 test-python: install-python
-	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider .
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider -m "not full" .
 
-# Every op past 2^31 elements (~10 GB, a minute): its own target, run once by `make test`.
+test-python-full: install-python
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider -m full .
+
+# Every op past 2^31 elements (~10 GB, a minute): `make test-full` only.
 test-huge: install-python
 	cd tests && OPGYM_HUGE=1 ../$(PY) -m pytest -q -p no:cacheprovider huge
 
-# test-hf-ci: transformers' model tests for the flagship model family (Qwen2.5-VL) and Qwen3 (q/k norms),
-# without and with opgym; `make test-hf` runs all five families.
-test: test-cpp test-asan test-fuzz test-python test-huge test-vllm test-hf-ci
+# `make test`: what CI runs, each stage timed (scripts/stages.sh prints the table at the end).
+TEST_STAGES := deps venv wheel test-cpp build-san test-san test-fuzz test-python test-vllm test-hf-ci
+test:
+	scripts/stages.sh $(TEST_STAGES)
+
+# `make test-full`: the rest too - the long Python tests, huge tensors, timed fuzzing (60 s a target), the
+# CUDA build, transformers' tests for every family, the wheel under another torch, the whole model zoo.
+FULL_STAGES := deps venv wheel test-cpp build-san test-san-full test-fuzz-long test-python test-python-full test-huge test-vllm test-hf-full build-cuda \
+               test-wheel-torch coverage-full
+test-full:
+	scripts/stages.sh $(FULL_STAGES)
+
+test-fuzz-long: build-san
+	scripts/fuzz.sh 60 run build-san
 
 run: install-python
 	$(VENV)/bin/opgym run $(RUN_ARGS)
@@ -83,6 +120,10 @@ bench: build install-python
 COVERAGE_ARGS ?= --list liger
 coverage: install-python
 	$(VENV)/bin/opgym coverage $(COVERAGE_ARGS)
+
+# Every model type the installed transformers knows (about 35 minutes): `make test-full`.
+coverage-full: install-python
+	$(VENV)/bin/opgym coverage
 
 # The same under the oldest transformers opgym checks (requirements-tf-old.txt: 4.57.6, the last 4.x),
 # in a venv of its own with the same torch: it runs the sources in python/ with the extension the project
@@ -105,15 +146,13 @@ $(VENV_VLLM)/.requirements: requirements-vllm.txt
 venv-vllm: $(VENV_VLLM)/.requirements
 
 # opgym (with its vLLM plugin, registered through the vllm.general_plugins entry point) into that venv.
-# Both venvs pin the same torch (2.13.0 CPU) on the same Python, so the wheel built for .venv (its build
-# tree is install-python's: nothing recompiles) is installed as is; were the two torches ever to differ,
-# the extension is built against .venv-vllm's torch in a build tree of its own.
+# Both venvs pin the same torch (2.13.0 CPU) on the same Python, so the wheel `make wheel` built (dist/)
+# is installed as is; were the two torches ever to differ, the extension is built against .venv-vllm's
+# torch in a build tree of its own.
 install-vllm: venv-vllm install-python
 	@if [ "$$($(PY) -c 'import sys, torch; print(torch.__version__, sys.version_info[:2])')" = \
 	      "$$($(PY_VLLM) -c 'import sys, torch; print(torch.__version__, sys.version_info[:2])')" ]; then \
-	  rm -rf build-wheel && \
-	  $(PY) -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w build-wheel . && \
-	  $(PY_VLLM) -m pip install -q --disable-pip-version-check --no-deps --force-reinstall build-wheel/opgym-*.whl; \
+	  $(PY_VLLM) -m pip install -q --disable-pip-version-check --no-deps --force-reinstall dist/opgym-*.whl; \
 	else \
 	  $(PY_VLLM) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
 	    -C build-dir=build-python-vllm/{wheel_tag} .; \
@@ -127,8 +166,23 @@ test-vllm: install-vllm
 serve-bench: install-vllm
 	$(VENV_VLLM)/bin/opgym serve-bench $(SERVE_ARGS)
 
+# The wheel built once (dist/), installed with --no-deps into a venv with another torch release (TORCH_NEXT;
+# pip takes 2.14.1 from this machine kind's disk, a CUDA build that runs on the CPU: about 5.5 GB): a patched
+# model there (tests/wheel_check.py). `make test-full` only.
+TORCH_NEXT ?= 2.14.1
+VENV_TORCH_NEXT := .venv-torch-next
+$(VENV_TORCH_NEXT)/.requirements: requirements.txt
+	test -x $(VENV_TORCH_NEXT)/bin/python || python3 -m venv $(VENV_TORCH_NEXT)
+	grep -v '^torch==' requirements.txt > $(VENV_TORCH_NEXT)/requirements.txt
+	$(VENV_TORCH_NEXT)/bin/python -m pip install -q --disable-pip-version-check torch==$(TORCH_NEXT) \
+	  -r $(VENV_TORCH_NEXT)/requirements.txt
+	touch $@
+test-wheel-torch: wheel $(VENV_TORCH_NEXT)/.requirements
+	$(VENV_TORCH_NEXT)/bin/python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall dist/opgym-*.whl
+	cd tests && ../$(VENV_TORCH_NEXT)/bin/python wheel_check.py
+
 clean:
-	rm -rf build build-asan build-fuzz _skbuild dist *.egg-info
+	rm -rf build build-san build-cuda build-asan build-fuzz build-python _skbuild dist *.egg-info
 
 # transformers' model tests without and with opgym patched into every model (tests/hf/driver.py):
 # fails when a test passes without opgym and fails with it. HF_TEST_ARGS: e.g. --models qwen2 -k generate.
@@ -137,4 +191,8 @@ test-hf: install-python
 	nice -n 10 $(PY) tests/hf/driver.py $(HF_TEST_ARGS)
 
 test-hf-ci:
-	$(MAKE) test-hf HF_TEST_ARGS="--models qwen2_5_vl,qwen3"
+	$(MAKE) --no-print-directory test-hf HF_TEST_ARGS="--models qwen2_5_vl,qwen3"
+
+# Every family tests/hf knows (tests/hf/fetch.py MODELS).
+test-hf-full:
+	$(MAKE) --no-print-directory test-hf HF_TEST_ARGS=""

@@ -1,27 +1,28 @@
 #!/usr/bin/env bash
-# Runs every libFuzzer target the build declares (build-fuzz/fuzz_targets.txt, written by `make
-# build-fuzz`: the case-file loader's and one per op that declares FUZZ in src/ops/<op>/CMakeLists.txt)
+# Runs every libFuzzer target the build declares (<build>/fuzz_targets.txt, written by `make
+# build-san`: the case-file loader's and one per op that declares FUZZ in src/ops/<op>/CMakeLists.txt)
 # for SECONDS each on its corpus in fuzz/corpus/<target> (copied to a temporary directory, so a run
 # never edits the repo), the case-file target also seeded with every case file opgym ships and
 # PyPTO-Gym's. Prints the inputs each target tried; exits non-zero on the first crash, leak,
 # sanitizer report or timeout, leaving the reproducer in fuzz/findings/ (turn it into a regression
 # test, add it to the corpus).
-#   scripts/fuzz.sh [SECONDS]            default 10
+#   scripts/fuzz.sh [SECONDS [run|merge [BUILD]]]   default 10 run build-san
 #   scripts/fuzz.sh SECONDS merge        fold what a longer run found into fuzz/corpus (minimized)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-10}"
 MODE="${2:-run}"
-[[ -f build-fuzz/fuzz_targets.txt ]] || { echo "fuzz: build-fuzz/fuzz_targets.txt is missing (make build-fuzz)"; exit 2; }
-mapfile -t targets < <(grep -v '^$' build-fuzz/fuzz_targets.txt)
-(( ${#targets[@]} )) || { echo "fuzz: build-fuzz declares no fuzz target"; exit 2; }
+BUILD="${3:-build-san}"
+[[ -f $BUILD/fuzz_targets.txt ]] || { echo "fuzz: $BUILD/fuzz_targets.txt is missing (make build-san)"; exit 2; }
+mapfile -t targets < <(grep -v '^$' "$BUILD/fuzz_targets.txt")
+(( ${#targets[@]} )) || { echo "fuzz: $BUILD declares no fuzz target"; exit 2; }
 mkdir -p fuzz/findings
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 status=0
 for t in "${targets[@]}"; do
-  exe="build-fuzz/fuzz_$t"
-  [[ -x "$exe" ]] || { echo "fuzz: $exe is missing (make build-fuzz)"; exit 2; }
+  exe="$BUILD/fuzz_$t"
+  [[ -x "$exe" ]] || { echo "fuzz: $exe is missing (make build-san)"; exit 2; }
   mkdir -p "$tmp/$t" "fuzz/corpus/$t"
   cp -r "fuzz/corpus/$t/." "$tmp/$t/" 2>/dev/null || true
   seeds=()

@@ -104,6 +104,7 @@ def test_build_sides_rejects_unknown_names(tiny):
             A.build_sides(model, bad, None, ("sdpa",), ("sdpa",), "eager")
 
 
+@pytest.mark.full  # 40 s of compilation
 def test_compiled_patched_side_runs_on_its_own_copy_without_recompiling(tiny):
     """A patched side under torch.compile: patched and compiled once on a deepcopy, so that the shared
     model's patch / undo of the other sides never invalidates its graphs (each re-patch would recompile)."""
@@ -163,6 +164,7 @@ def _check_rows(acc, names):
     return rows
 
 
+@pytest.mark.full  # about 4 min: opgym run --fast end to end
 def test_run_fast_reports_accuracy_against_hf_eager(tmp_path):
     from opgym import fast_tier
 
@@ -178,6 +180,7 @@ def test_run_fast_reports_accuracy_against_hf_eager(tmp_path):
     assert "outputs against HF eager (eager)" in stdout and "opgym fast" in stdout
 
 
+@pytest.mark.full  # about 4 min: every compiled side of opgym run --compile
 def test_run_compile_compares_each_compiled_side_with_hf_eager(tmp_path):
     rep, stdout = _run_report(tmp_path, "--compile")
     rows = _check_rows(rep["accuracy"], ["HF eager (eager)", "opgym exact", "HF + compile", "opgym + compile"])

@@ -94,17 +94,21 @@ def test_patching_a_meta_model_leaves_later_models_of_its_class_served():
     inputs on the meta device, failed, and the failure was cached: every later real model of that class
     got no RMSNorm and no add + norm fusion."""
     with torch.device("meta"):
-        opgym.patch(_qwen3())  # never raises
+        meta = opgym.patch(_qwen3())  # never raises
     m, ref = _qwen3(), _qwen3()
     h = opgym.patch(m)
-    assert h.patched_by_op["rms_norm"] and h.patched_by_op["add_rms_norm"], h.skipped
-    ids = torch.randint(3, 99, (1, 7), generator=torch.Generator().manual_seed(2))
-    h.reset_stats()
-    with torch.no_grad():
-        assert torch.equal(m(ids).logits, ref(ids).logits)
-    ops = h.stats()["ops"]
-    assert ops["rms_norm"]["fused"] > 0 and ops["rms_norm"]["fallback"] == 0, ops["rms_norm"]
-    assert ops["add_rms_norm"]["fused"] > 0, ops["add_rms_norm"]
+    try:
+        assert h.patched_by_op["rms_norm"] and h.patched_by_op["add_rms_norm"], h.skipped
+        ids = torch.randint(3, 99, (1, 7), generator=torch.Generator().manual_seed(2))
+        h.reset_stats()
+        with torch.no_grad():
+            assert torch.equal(m(ids).logits, ref(ids).logits)
+        ops = h.stats()["ops"]
+        assert ops["rms_norm"]["fused"] > 0 and ops["rms_norm"]["fallback"] == 0, ops["rms_norm"]
+        assert ops["add_rms_norm"]["fused"] > 0, ops["add_rms_norm"]
+    finally:  # every handle undone: a patched model's hooks must not outlive the test
+        h.undo()
+        meta.undo()
 
 
 # ---- bug 2: torch.save of a model whose gate|up is merged ----------------------------------------
@@ -130,19 +134,24 @@ def test_torch_save_of_a_merged_model_round_trips(family, monkeypatch):
 
     m, ref = build(), build()
     h = opgym.patch(m)
-    assert any(k.startswith("swiglu") and v.startswith("merged") for k, v in h.notes.items()), h.notes
-    ids = torch.randint(3, 99, (1, 6), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        want = ref(ids).logits
-        assert torch.equal(m(ids).logits, want)
-        buf = io.BytesIO()
-        torch.save(m, buf)
-        buf.seek(0)
-        back = torch.load(buf, weights_only=False)
-        assert torch.equal(back(ids).logits, want)  # comes back unpatched, HF's bits
-        sd = back.state_dict()  # no two weights share storage in what it hands out
-        ptrs = [t.untyped_storage().data_ptr() for k, t in sd.items() if "mlp" in k]
-        assert len(ptrs) == len(set(ptrs))
-        h2 = opgym.patch(back)
-        assert h2.patched_by_op["swiglu"]
-        assert torch.equal(back(ids).logits, want)
+    handles = [h]
+    try:
+        assert any(k.startswith("swiglu") and v.startswith("merged") for k, v in h.notes.items()), h.notes
+        ids = torch.randint(3, 99, (1, 6), generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            want = ref(ids).logits
+            assert torch.equal(m(ids).logits, want)
+            buf = io.BytesIO()
+            torch.save(m, buf)
+            buf.seek(0)
+            back = torch.load(buf, weights_only=False)
+            assert torch.equal(back(ids).logits, want)  # comes back unpatched, HF's bits
+            sd = back.state_dict()  # no two weights share storage in what it hands out
+            ptrs = [t.untyped_storage().data_ptr() for k, t in sd.items() if "mlp" in k]
+            assert len(ptrs) == len(set(ptrs))
+            handles.append(opgym.patch(back))
+            assert handles[-1].patched_by_op["swiglu"]
+            assert torch.equal(back(ids).logits, want)
+    finally:
+        for x in handles:
+            x.undo()

@@ -30,7 +30,8 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float32, marks=pytest.mark.full),
+                                   pytest.param(torch.float16, marks=pytest.mark.full)], ids=str)
 def test_hf_model_logits_and_tokens_are_hf_eager_bits(dtype):
     m, ref = _qwen2(dtype), _qwen2(dtype)
     h = graph.compile(m)

@@ -232,6 +232,7 @@ def ablation_report(tmp_path_factory):
     return json.loads(out.read_text()), r, out
 
 
+@pytest.mark.full  # about 1 min: a run per op
 def test_ablation_one_variant_per_op_and_all(ablation_report):
     from opgym import SUPPORTED_OPS
 
@@ -449,6 +450,7 @@ def _tiny_tokenizer(directory):
     fast.save_pretrained(directory)
 
 
+@pytest.mark.full  # 25 s
 def test_checkpoint_with_tokenizer_uses_it(saved_checkpoint, tmp_path):
     """A checkpoint that ships a tokenizer: the prompt is tokenized around the image tokens."""
     ckpt = tmp_path / "ckpt"

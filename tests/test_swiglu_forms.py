@@ -202,6 +202,7 @@ def test_known_gated_forms_left_alone_with_the_reason():
             assert torch.equal(_out(model, inputs), ref)
 
 
+@pytest.mark.full  # 30 s: every model class of the installed transformers
 def test_fingerprints_name_classes_of_this_transformers():
     """Every fingerprint in the form tables is the forward (or _apply_gate) of some class of the
     installed transformers 5.23: no stale entry."""
