@@ -14,9 +14,8 @@ like integration.py / capture.py / bench.py, and declares:
     DEFAULT         whether exact=False applies it without being named (a substitution that measured no
                     gain is opt-in even within the tier)
     apply_fast(model, handle, devices)
-                    applies it (devices: where the op's own torch operators have kernels; empty for a
-                    PENDING part, whose substitution uses torch's operators only), through handle.replace_forward_fast / handle.on_undo so that undo()
-                    restores everything, recording what it changed in handle.fast[NAME] and, for what it
+                    applies it (devices: where the op's own torch operators have kernels), through
+                    handle.replace_forward_fast / handle.on_undo so that undo() restores everything, recording what it changed in handle.fast[NAME] and, for what it
                     left alone, the reason in handle.skipped
     EXACT_SETTINGS  (optional) environment settings under which the op's exact integration runs in a
                     fast patch (swiglu: OPGYM_SWIGLU_MODE=merged, the merge without the probe); a value the
@@ -24,29 +23,19 @@ like integration.py / capture.py / bench.py, and declares:
 
 The substitutions run after every exact op, so where both meet the same module the fast one is the
 forward that runs (the exact one is restored by undo); each fast.py says which wins and why.
-
-PENDING lists fast parts of ops that are not in the op table yet (none now): a substitution may land before
-its exact op does, and moves to that op folder's fast.py when the op lands.
 """
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 from types import ModuleType
 
 from . import ops as _ops_table
 
-# module paths of fast parts whose op folder is not in the op table yet
-PENDING: tuple = ()
-
-
 def parts() -> dict[str, ModuleType]:
-    """NAME -> fast module, in application order: the op table's order, then PENDING."""
+    """NAME -> fast module, in the op table's order."""
     out: dict[str, ModuleType] = {}
     mods = [m for op in _ops_table.OPS if (m := _ops_table.part(op, "fast")) is not None]
-    for path in PENDING:
-        mods.append(importlib.import_module(path))
     for m in mods:
         if m.NAME in out:
             raise RuntimeError(f"opgym: two fast parts named {m.NAME!r}")
@@ -55,7 +44,7 @@ def parts() -> dict[str, ModuleType]:
 
 
 def op_of(part: ModuleType) -> str | None:
-    """The op of the table a fast part belongs to (opgym.ops.<op>.fast), None for a PENDING one."""
+    """The op of the table a fast part belongs to (opgym.ops.<op>.fast), None for any other module."""
     bits = part.__name__.split(".")
     return bits[2] if len(bits) == 4 and bits[:2] == ["opgym", "ops"] and bits[3] == "fast" else None
 

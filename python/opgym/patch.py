@@ -52,13 +52,6 @@ def reset_stats() -> None:
         s.reset()
 
 
-def enabled(op: str = "rms_norm") -> bool:
-    """An op's switch (OPGYM_RMS_NORM for rms_norm)."""
-    from .guard import switch_on
-
-    return switch_on(_ops_table.spec(op).switch)
-
-
 # ---- a patched forward that follows its module through copy.deepcopy and pickle -----------------
 
 def _copy_fn(fn, memo):

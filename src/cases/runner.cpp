@@ -18,6 +18,10 @@ std::string fmt(const char* f, double v) {
 }
 }  // namespace
 
+void case_error(const CaseFile& file, const Case& c, const std::string& what) {
+  throw Error(file.path, file.path + ": case '" + c.id + "': " + what);
+}
+
 OpRunner find_runner(const std::string& op) {
   for (const RunnerEntry& e : runners())
     if (op == e.op) return e.run;

@@ -34,6 +34,10 @@ struct CaseResult {
 
 using OpRunner = CaseResult (*)(const Case&, const CaseFile&, const RunOptions&);
 
+// What a runner raises for a case it cannot read (a missing input, a bad parameter): an opgym::Error
+// naming the file and the case, which the runner's loop counts as that case's failure.
+[[noreturn]] void case_error(const CaseFile& file, const Case& c, const std::string& what);
+
 struct RunnerEntry {
   const char* op;
   OpRunner run;

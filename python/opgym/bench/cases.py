@@ -14,18 +14,26 @@ def default_cases(op: str) -> str:
     return f"cases/qwen2_5_vl_3b/{op}.json"  # relative to the repository root (make bench runs there)
 
 
+def load_cases(args) -> list[tuple[str, dict]]:
+    """(id, input) of each case of the gym case file `args.cases` (every op's bench reads its shapes this
+    way); none, with a note, when the file is not there (the sweep alone is then benchmarked)."""
+    if not args.cases:
+        return []
+    if not os.path.exists(args.cases):
+        print(f"note: {args.cases} not found; benchmarking the size sweep only")
+        return []
+    with open(args.cases) as f:
+        return [(c["id"], c["input"]) for c in json.load(f)["test_cases"]]
+
+
 def case_shapes(args):
     """(shape, dtype, label) of each case's main input (not weight, gamma or residual), then the sweep
     (--quick: three sizes, no extra shapes)."""
     out = []
-    if args.cases and not os.path.exists(args.cases):
-        print(f"note: {args.cases} not found; benchmarking the size sweep only")
-    if args.cases and os.path.exists(args.cases):
-        with open(args.cases) as f:
-            for c in json.load(f)["test_cases"]:
-                x = next(v for k, v in c["input"].items()
-                         if isinstance(v, dict) and "shape" in v and k not in ("weight", "gamma", "residual"))
-                out.append((tuple(x["shape"]), x["dtype"], c["id"]))
+    for cid, inp in load_cases(args):
+        x = next(v for k, v in inp.items()
+                 if isinstance(v, dict) and "shape" in v and k not in ("weight", "gamma", "residual"))
+        out.append((tuple(x["shape"]), x["dtype"], cid))
     rows = QUICK_ROWS if args.quick else SWEEP_ROWS
     out += [((r, 2048), "bfloat16", f"sweep_{r}x2048") for r in rows]
     if not args.quick:

@@ -19,9 +19,6 @@ namespace opgym {
 
 cases::CaseResult run_add_rms_norm_case(const cases::Case& c, const cases::CaseFile& file, const cases::RunOptions& opt) {
   using namespace cases;
-  auto fail = [&](const std::string& what) -> CaseResult {
-    throw Error(file.path, file.path + ": case '" + c.id + "': " + what);
-  };
   const TensorSpec* w = c.input("weight");
   if (!w) w = c.input("gamma");
   const TensorSpec* res = c.input("residual");
@@ -32,17 +29,17 @@ cases::CaseResult run_add_rms_norm_case(const cases::Case& c, const cases::CaseF
     else if (&c.inputs[i] == res) ri = static_cast<int>(i);
     else if (!x) { x = &c.inputs[i]; xi = static_cast<int>(i); }
   }
-  if (!x) return fail("no input tensor for x (e.g. 'hidden_states')");
-  if (!res) return fail("no input tensor named 'residual'");
-  if (!w) return fail("no input tensor named 'weight' or 'gamma'");
+  if (!x) case_error(file, c, "no input tensor for x (e.g. 'hidden_states')");
+  if (!res) case_error(file, c, "no input tensor named 'residual'");
+  if (!w) case_error(file, c, "no input tensor named 'weight' or 'gamma'");
   const double eps = c.number_param("eps", file.path);
   if (c.outputs.size() != 2)
-    return fail("expected two output tensors (the normalized output and the sum), found " + std::to_string(c.outputs.size()));
+    case_error(file, c, "expected two output tensors (the normalized output and the sum), found " + std::to_string(c.outputs.size()));
   const TensorSpec* sum_decl = nullptr;
   const TensorSpec* out_decl = nullptr;
   for (const TensorSpec& o : c.outputs)
     (o.name.find("residual") != std::string::npos || o.name.find("sum") != std::string::npos ? sum_decl : out_decl) = &o;
-  if (!sum_decl || !out_decl) return fail("one output must be named like 'residual' or 'sum' and the other not");
+  if (!sum_decl || !out_decl) case_error(file, c, "one output must be named like 'residual' or 'sum' and the other not");
 
   CaseResult r;
   r.id = c.id;

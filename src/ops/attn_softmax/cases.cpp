@@ -23,13 +23,10 @@ namespace opgym {
 
 cases::CaseResult run_attn_softmax_case(const cases::Case& c, const cases::CaseFile& file, const cases::RunOptions& opt) {
   using namespace cases;
-  auto fail = [&](const std::string& what) -> CaseResult {
-    throw Error(file.path, file.path + ": case '" + c.id + "': " + what);
-  };
   const TensorSpec* s = c.input("scores");
   const TensorSpec* m = c.input("mask");
-  if (!s) return fail("needs input scores");
-  if (s->shape.empty()) return fail("scores must have a last dim");
+  if (!s) case_error(file, c, "needs input scores");
+  if (s->shape.empty()) case_error(file, c, "scores must have a last dim");
 
   AttnSoftmaxOptions o;
   std::vector<int64_t> cu;
@@ -40,7 +37,7 @@ cases::CaseResult run_attn_softmax_case(const cases::Case& c, const cases::CaseF
     if (c.params.contains("block_diagonal")) diag = c.params.at("block_diagonal").get<bool>();
     if (c.params.contains("torch_isa")) o.torch_isa = parse_isa(c.params.at("torch_isa").get<std::string>());
   } catch (const Json::exception& e) {
-    return fail(std::string("bad param: ") + e.what());
+    case_error(file, c, std::string("bad param: ") + e.what());
   }
   if (opt.isa && !o.torch_isa) o.torch_isa = *opt.isa;
 
@@ -54,7 +51,7 @@ cases::CaseResult run_attn_softmax_case(const cases::Case& c, const cases::CaseF
   Buffer bs = make_normal(*s, c.seed, 0, 0.0, 3.0), bm;
   TensorView mv;
   if (m) {
-    if (m->shape.size() < 2) return fail("mask must be [..., Sq, Sk]");
+    if (m->shape.size() < 2) case_error(file, c, "mask must be [..., Sq, Sk]");
     bm = make_buffer(m->shape, m->dtype);
     const int64_t Sq = m->shape[m->shape.size() - 2], Sk = m->shape.back(), n = bm.numel();
     const float lowest = m->dtype == DType::bfloat16 ? bf16_to_f32(0xff7f)

@@ -22,21 +22,18 @@ namespace opgym {
 
 cases::CaseResult run_patch_embed_case(const cases::Case& c, const cases::CaseFile& file, const cases::RunOptions& opt) {
   using namespace cases;
-  auto fail = [&](const std::string& what) -> CaseResult {
-    throw Error(file.path, file.path + ": case '" + c.id + "': " + what);
-  };
   const TensorSpec* xs = c.input("x");
   const TensorSpec* ws = c.input("weight");
   const TensorSpec* bs = c.input("bias");
-  if (!xs || !ws) return fail("needs inputs x and weight");
-  if (xs->shape.size() != 2 || ws->shape.size() != 2) return fail("x must be [P, K] and weight [OC, K]");
+  if (!xs || !ws) case_error(file, c, "needs inputs x and weight");
+  if (xs->shape.size() != 2 || ws->shape.size() != 2) case_error(file, c, "x must be [P, K] and weight [OC, K]");
   int64_t ic = 0;
   PatchEmbedForm form = xs->dtype == DType::bfloat16 ? PatchEmbedForm::amx_tile : PatchEmbedForm::fma_chain;
   try {
     ic = static_cast<int64_t>(c.number_param("in_channels", file.path));
     if (c.params.contains("form")) form = parse_patch_embed_form(c.params.at("form").get<std::string>());
   } catch (const Json::exception& e) {
-    return fail(std::string("bad param: ") + e.what());
+    case_error(file, c, std::string("bad param: ") + e.what());
   }
   const int64_t P = xs->shape[0], K = xs->shape[1], OC = ws->shape[0];
   CaseResult r;

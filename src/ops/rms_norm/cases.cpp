@@ -23,18 +23,15 @@ cases::CaseResult run_rms_norm_case(const cases::Case& c, const cases::CaseFile&
     if (&c.inputs[i] == w) w_index = static_cast<int>(i);
     else if (!x) { x = &c.inputs[i]; x_index = static_cast<int>(i); }
   }
-  auto fail = [&](const std::string& what) -> CaseResult {
-    throw Error(file.path, file.path + ": case '" + c.id + "': " + what);
-  };
-  if (!x) return fail("no input tensor for x (e.g. 'hidden_states')");
-  if (!w) return fail("no input tensor named 'weight' or 'gamma'");
+  if (!x) case_error(file, c, "no input tensor for x (e.g. 'hidden_states')");
+  if (!w) case_error(file, c, "no input tensor named 'weight' or 'gamma'");
   const double eps = c.number_param("eps", file.path);
 
   CaseResult r;
   r.id = c.id;
   r.shape = x->shape_str();
   r.dtype = std::string(dtype_name(x->dtype)) + (w->dtype != x->dtype ? "/w:" + std::string(dtype_name(w->dtype)) : "");
-  if (c.outputs.size() != 1) return fail("expected exactly one output tensor, found " + std::to_string(c.outputs.size()));
+  if (c.outputs.size() != 1) case_error(file, c, "expected exactly one output tensor, found " + std::to_string(c.outputs.size()));
   const TensorSpec& declared = c.outputs[0];
   const DType out_dtype = rms_norm_out_dtype(x->dtype, w->dtype);
 

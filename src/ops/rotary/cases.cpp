@@ -18,14 +18,11 @@ namespace opgym {
 
 cases::CaseResult run_rotary_case(const cases::Case& c, const cases::CaseFile& file, const cases::RunOptions& opt) {
   using namespace cases;
-  auto fail = [&](const std::string& what) -> CaseResult {
-    throw Error(file.path, file.path + ": case '" + c.id + "': " + what);
-  };
   const TensorSpec* spec[4] = {c.input("q"), c.input("k"), c.input("cos"), c.input("sin")};
   const char* names[4] = {"q", "k", "cos", "sin"};
   int index[4] = {};
   for (int i = 0; i < 4; ++i) {
-    if (!spec[i]) return fail(std::string("no input tensor named '") + names[i] + "'");
+    if (!spec[i]) case_error(file, c, std::string("no input tensor named '") + names[i] + "'");
     for (size_t j = 0; j < c.inputs.size(); ++j)
       if (&c.inputs[j] == spec[i]) index[i] = static_cast<int>(j);
   }
@@ -35,15 +32,15 @@ cases::CaseResult run_rotary_case(const cases::Case& c, const cases::CaseFile& f
     if (c.params.contains("unsqueeze_dim")) o.unsqueeze_dim = c.params.at("unsqueeze_dim").get<int>();
     if (c.params.contains("mrope_section")) {
       const auto sec = c.params.at("mrope_section").get<std::vector<int64_t>>();
-      if (sec.size() != 3) return fail("mrope_section must hold three lengths");
+      if (sec.size() != 3) case_error(file, c, "mrope_section must hold three lengths");
       for (int i = 0; i < 3; ++i) o.mrope_section[i] = sec[i];
     }
     if (c.params.contains("pairs")) o.pairs = parse_rotary_pairs(c.params.at("pairs").get<std::string>());
     if (c.params.contains("pair_table")) o.pair_table = c.params.at("pair_table").get<bool>();
   } catch (const Json::exception& e) {
-    return fail(std::string("bad mode, unsqueeze_dim, mrope_section, pairs or pair_table: ") + e.what());
+    case_error(file, c, std::string("bad mode, unsqueeze_dim, mrope_section, pairs or pair_table: ") + e.what());
   } catch (const Error& e) {
-    return fail(e.what());
+    case_error(file, c, e.what());
   }
   const TensorSpec &q = *spec[0], &k = *spec[1];
   // The declared outputs: tensors named like q*/k*, or MRoPE's q_shape / k_shape / dtype.
@@ -60,11 +57,11 @@ cases::CaseResult run_rotary_case(const cases::Case& c, const cases::CaseFile& f
     if (c.output_params.contains("dtype"))
       q_dt = k_dt = parse_dtype(c.output_params.at("dtype").get<std::string>(), "dtype");
   } catch (const Json::exception& e) {
-    return fail(std::string("bad q_shape, k_shape or dtype in output: ") + e.what());
+    case_error(file, c, std::string("bad q_shape, k_shape or dtype in output: ") + e.what());
   } catch (const Error& e) {
-    return fail(e.what());
+    case_error(file, c, e.what());
   }
-  if (!declared) return fail("no declared output (q_out/k_out tensors, or q_shape/k_shape)");
+  if (!declared) case_error(file, c, "no declared output (q_out/k_out tensors, or q_shape/k_shape)");
 
   CaseResult r;
   r.id = c.id;

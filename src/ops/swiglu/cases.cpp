@@ -86,19 +86,16 @@ void finish(cases::CaseResult& r, const cases::Case& c, const std::vector<int64_
 
 cases::CaseResult run_swiglu_mlp_case(const cases::Case& c, const cases::CaseFile& file, const cases::RunOptions& opt) {
   using namespace cases;
-  auto fail = [&](const std::string& what) -> CaseResult {
-    throw Error(file.path, file.path + ": case '" + c.id + "': " + what);
-  };
   const TensorSpec* x = c.input("x");
   const TensorSpec* w[3] = {c.input("gate_weight"), c.input("up_weight"), c.input("down_weight")};
   const TensorSpec* b[3] = {c.input("gate_bias"), c.input("up_bias"), c.input("down_bias")};
-  if (!x || !w[0] || !w[1] || !w[2]) return fail("needs inputs x, gate_weight, up_weight and down_weight");
+  if (!x || !w[0] || !w[1] || !w[2]) case_error(file, c, "needs inputs x, gate_weight, up_weight and down_weight");
   for (const TensorSpec* t : w)
-    if (t->shape.size() != 2) return fail("weights must be 2-D [in, out], got " + t->shape_str());
-  if (x->shape.empty()) return fail("x must have a last dim");
+    if (t->shape.size() != 2) case_error(file, c, "weights must be 2-D [in, out], got " + t->shape_str());
+  if (x->shape.empty()) case_error(file, c, "x must have a last dim");
   const int64_t H = x->shape.back(), I = w[0]->shape[1], H_out = w[2]->shape[1];
   if (w[0]->shape[0] != H || w[1]->shape != w[0]->shape || w[2]->shape[0] != I)
-    return fail("weights must chain in the gym's [in, out] layout: gate/up [" + std::to_string(H) + ", I], down [I, H_out]");
+    case_error(file, c, "weights must chain in the gym's [in, out] layout: gate/up [" + std::to_string(H) + ", I], down [I, H_out]");
   std::vector<int64_t> out_shape = x->shape;
   out_shape.back() = H_out;
   const TensorSpec* declared = output_named(c, "output");
@@ -136,16 +133,13 @@ cases::CaseResult run_swiglu_mlp_case(const cases::Case& c, const cases::CaseFil
 
 cases::CaseResult run_swiglu_case(const cases::Case& c, const cases::CaseFile& file, const cases::RunOptions& opt) {
   using namespace cases;
-  auto fail = [&](const std::string& what) -> CaseResult {
-    throw Error(file.path, file.path + ": case '" + c.id + "': " + what);
-  };
   if (c.input("x") && c.input("gate_weight")) return run_swiglu_mlp_case(c, file, opt);
   const TensorSpec* gu = c.input("gate_up");
   const TensorSpec* g = c.input("gate");
   const TensorSpec* u = c.input("up");
-  if (!gu && (!g || !u)) return fail("needs inputs gate and up, or gate_up");
+  if (!gu && (!g || !u)) case_error(file, c, "needs inputs gate and up, or gate_up");
   const TensorSpec& first = gu ? *gu : *g;
-  if (first.shape.empty()) return fail("gate must have a last dim");
+  if (first.shape.empty()) case_error(file, c, "gate must have a last dim");
   std::vector<int64_t> out_shape = first.shape;
   if (gu) out_shape.back() /= 2;
   const TensorSpec* declared = output_named(c, "out");

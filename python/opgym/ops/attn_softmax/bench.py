@@ -15,9 +15,8 @@ text prefill sweep:
 """
 from __future__ import annotations
 
-import json
-import os
 
+from opgym.bench.cases import load_cases
 from opgym.bench.timing import allow_recompiles, finish_row, time_interleaved
 
 TITLE = "attention (matmuls + core)"
@@ -29,17 +28,14 @@ TEXT_D, TEXT_KV, VISION_D = 128, 2, 80
 def _inputs(args):
     """(label, kind, dims, dtype): text (B, H, S, T) or vision (H, cu_seqlens)."""
     out = []
-    if args.cases and os.path.exists(args.cases):
-        with open(args.cases) as f:
-            for c in json.load(f)["test_cases"]:
-                i = c["input"]
-                s = i["scores"]["shape"]
-                if "cu_seqlens" in i:
-                    out.append((c["id"], "vision", (s[0], tuple(i["cu_seqlens"])), i["scores"]["dtype"]))
-                elif "mask" in i or "text" in c["id"]:
-                    out.append((c["id"], "text", tuple(s), i["scores"]["dtype"]))
-                else:  # one window: a full-attention block [1, H, P, P]
-                    out.append((c["id"], "vision", (s[1], (0, s[2])), i["scores"]["dtype"]))
+    for cid, i in load_cases(args):
+        s = i["scores"]["shape"]
+        if "cu_seqlens" in i:
+            out.append((cid, "vision", (s[0], tuple(i["cu_seqlens"])), i["scores"]["dtype"]))
+        elif "mask" in i or "text" in cid:
+            out.append((cid, "text", tuple(s), i["scores"]["dtype"]))
+        else:  # one window: a full-attention block [1, H, P, P]
+            out.append((cid, "vision", (s[1], (0, s[2])), i["scores"]["dtype"]))
     for S in ((1024,) if args.quick else SWEEP):
         out.append((f"sweep_text_S{S}", "text", (1, 16, S, S), "bfloat16"))
     return out

@@ -15,9 +15,8 @@ with the op's arguments as opgym.patch passes them.
 """
 from __future__ import annotations
 
-import json
-import os
 
+from opgym.bench.cases import load_cases
 from opgym.bench.timing import finish_row, time_interleaved
 
 TITLE = "rotary (q and k)"
@@ -34,12 +33,9 @@ FORMS = {
 def _inputs(args):
     """(label, q shape, k shape, cos shape, q dtype, cos dtype, mode, unsqueeze_dim) per benchmarked call."""
     out = []
-    if args.cases and os.path.exists(args.cases):
-        with open(args.cases) as f:
-            for c in json.load(f)["test_cases"]:
-                i = c["input"]
-                out.append((c["id"], tuple(i["q"]["shape"]), tuple(i["k"]["shape"]), tuple(i["cos"]["shape"]),
-                            i["q"]["dtype"], i["cos"]["dtype"], i.get("mode", "hf"), i.get("unsqueeze_dim", 1)))
+    for cid, i in load_cases(args):
+        out.append((cid, tuple(i["q"]["shape"]), tuple(i["k"]["shape"]), tuple(i["cos"]["shape"]),
+                    i["q"]["dtype"], i["cos"]["dtype"], i.get("mode", "hf"), i.get("unsqueeze_dim", 1)))
     for S in ((1, 1024) if args.quick else SWEEP):
         out.append((f"sweep_text_S{S}", (1, 16, S, 128), (1, 2, S, 128), (1, S, 128), "bfloat16", "bfloat16", "hf", 1))
     if not args.quick:
