@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from ..admission import bits_equal
+from ..admission import Failed, Verdicts, bits_equal
 
 
 def val(node):
@@ -107,6 +107,15 @@ def same_bits(fn_a: Callable, fn_b: Callable, inputs_list) -> tuple[bool, str]:
         if len(a) != len(b) or not all(bits_equal(x, y) for x, y in zip(a, b)):
             return False, f"probe input {k} differs"
     return True, ""
+
+
+def admit(verdicts: Verdicts, region: dict, probe: Callable[[dict], tuple]) -> tuple:
+    """(verdict, None) or (None, why not) for a region: `probe(region)` (which returns that pair) run once per
+    region["signature"] and environment in the op's verdict cache; a probe that raised refuses, uncached."""
+    got = verdicts.decide(region["signature"], lambda: probe(region), device="cpu", in_backend=True)
+    if isinstance(got, Failed):
+        return None, got.reason
+    return got
 
 
 def splice(graph: fx.Graph, output: fx.Node, target, args: tuple, kwargs: dict | None = None) -> fx.Node:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ...admission import Failed, Verdicts
+from ...admission import Verdicts
+from ...graph import regions
 from ...graph.regions import cast_target, extract, float_const, is_call, only_user, same_bits, val
 
 OP = torch.ops.opgym.attn_softmax.default
@@ -92,10 +93,8 @@ def _probe(region: dict):
 
 
 def admit(region: dict):
-    got = _VERDICTS.decide(region["signature"], lambda: _probe(region), device="cpu", in_backend=True)
-    if isinstance(got, Failed):
-        return None, got.reason
-    return got
+    """(verdict, None) or (None, why not): the probe, once per signature (graph/regions.admit)."""
+    return regions.admit(_VERDICTS, region, _probe)
 
 
 def replacement(region: dict, _verdict) -> tuple:

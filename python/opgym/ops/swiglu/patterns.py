@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ...admission import Failed, Verdicts
+from ...admission import Verdicts
+from ...graph import regions
 from ...graph.regions import extract, is_call, same_bits, val
 
 OP = torch.ops.opgym.swiglu.default
@@ -66,10 +67,8 @@ def _probe(region: dict):
 
 
 def admit(region: dict):
-    got = _VERDICTS.decide(region["signature"], lambda: _probe(region), device="cpu", in_backend=True)
-    if isinstance(got, Failed):
-        return None, got.reason
-    return got
+    """(verdict, None) or (None, why not): the probe, once per signature (graph/regions.admit)."""
+    return regions.admit(_VERDICTS, region, _probe)
 
 
 def replacement(region: dict, kind) -> tuple:
