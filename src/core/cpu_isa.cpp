@@ -41,7 +41,8 @@ CpuIsa parse_isa(std::string_view n) {
   throw Error("isa", "unknown instruction set '" + std::string(n) + "', expected scalar, avx2 or avx512");
 }
 
-bool cpu_supports(CpuIsa isa) {
+namespace {
+bool cpu_supports_uncached(CpuIsa isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   switch (isa) {
@@ -51,12 +52,52 @@ bool cpu_supports(CpuIsa isa) {
     case CpuIsa::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             cpu_supports(CpuIsa::avx2);
+             cpu_supports_uncached(CpuIsa::avx2);
   }
   return false;
 #else
   return isa == CpuIsa::scalar;
 #endif
+}
+
+bool has_amx_bf16() {
+#if defined(__x86_64__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (!(d & (1u << 24)) || !(d & (1u << 22))) return false;  // AMX-TILE, AMX-BF16
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & (3u << 17)) == (3u << 17);  // XTILECFG and XTILEDATA enabled by the OS
+#else
+  return false;
+#endif
+}
+
+bool has_avx512_bf16() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") != 0;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+bool cpu_supports(CpuIsa isa) {
+  static const bool supported[3] = {cpu_supports_uncached(CpuIsa::scalar), cpu_supports_uncached(CpuIsa::avx2),
+                                    cpu_supports_uncached(CpuIsa::avx512)};
+  const int i = static_cast<int>(isa);
+  return i >= 0 && i < 3 && supported[i];
+}
+
+bool cpu_has(CpuFeature feature) {
+  static const bool bf16 = has_avx512_bf16(), amx = has_amx_bf16();
+  switch (feature) {
+    case CpuFeature::avx512_bf16: return bf16;
+    case CpuFeature::amx_bf16: return amx;
+  }
+  return false;
 }
 
 CpuIsa best_cpu_isa() {

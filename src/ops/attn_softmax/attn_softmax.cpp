@@ -50,11 +50,8 @@ void run(const detail::AttnSoftmaxJob& job, CpuIsa isa, Executor* executor) {
 namespace detail {
 
 CpuIsa attn_softmax_isa(const AttnSoftmaxOptions& options) {
-  // Asked once: cpu_supports runs CPUID, which a virtual machine traps (~10 us a call here: 6x a decode call).
-  static const bool supported[3] = {cpu_supports(CpuIsa::scalar), cpu_supports(CpuIsa::avx2),
-                                    cpu_supports(CpuIsa::avx512)};
   const CpuIsa isa = options.torch_isa ? *options.torch_isa : active_cpu_isa();
-  if (!supported[static_cast<int>(isa)])
+  if (!cpu_supports(isa))  // (read once per process by the core)
     throw err("torch_isa", std::string("torch_isa ") + isa_name(isa) + " needs an instruction set this CPU lacks (has: " +
                                cpu_features() + ")");
   return isa;

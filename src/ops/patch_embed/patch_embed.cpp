@@ -1,5 +1,6 @@
 // The patch_embed front: the packed weight (header + values), the checks (nothing is written on error), the
-// AMX/AVX512-BF16 detection (the tile permission asked once per process), and the call: blocks of 32 rows x
+// tile permission (asked once per process; whether the CPU has AMX and AVX512-BF16 is the core's cpu_has),
+// and the call: blocks of 32 rows x
 // groups of 32-channel blocks on the executor, each task packing its rows of x position-major into a scratch
 // buffer, running the kernel of its path, then the epilogue (bias, rounding, store).
 #include <algorithm>
@@ -9,9 +10,6 @@
 #include <mutex>
 #include <string>
 #include <vector>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -111,20 +109,6 @@ Header read_header(const void* packed, int64_t bytes) {
 
 // ---- the CPU's instructions ---------------------------------------------------------------------
 
-bool cpu_has_amx_bf16() {
-#if defined(__x86_64__)
-  unsigned a, b, c, d;
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  if (!(d & (1u << 24)) || !(d & (1u << 22))) return false;  // AMX-TILE, AMX-BF16
-  unsigned lo, hi;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  return (lo & (3u << 17)) == (3u << 17);  // XTILECFG and XTILEDATA enabled by the OS
-#else
-  return false;
-#endif
-}
-
 bool request_tile_permission() {
 #if defined(__linux__) && defined(__x86_64__)
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
@@ -142,12 +126,9 @@ struct Paths {
 const Paths& paths() {
   static const Paths p = [] {
     Paths q;
-    q.amx_cpu = cpu_has_amx_bf16() && cpu_supports(CpuIsa::avx512);
+    q.amx_cpu = cpu_has(CpuFeature::amx_bf16) && cpu_supports(CpuIsa::avx512);
     q.amx = q.amx_cpu && request_tile_permission();  // asked once; a refusal leaves the emulation
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    q.dpbf16 = cpu_supports(CpuIsa::avx512) && __builtin_cpu_supports("avx512bf16");
-#endif
+    q.dpbf16 = cpu_supports(CpuIsa::avx512) && cpu_has(CpuFeature::avx512_bf16);
     return q;
   }();
   return p;

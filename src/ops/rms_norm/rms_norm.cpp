@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/checks.hpp"
+#include "opgym/cpu.hpp"
 #include "ops/rms_norm/kernel.hpp"
 
 namespace opgym {
@@ -58,15 +59,7 @@ RmsNormPlan rms_norm_plan_of_checked(const TensorView& x, DType weight_dtype, in
   return make_plan(x, weight_dtype, threads);
 }
 bool native_bf16_enabled() {
-  static const bool has = [] {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") != 0;
-#else
-    return false;
-#endif
-  }();
-  return has && native_bf16_allowed.load(std::memory_order_relaxed);
+  return cpu_has(CpuFeature::avx512_bf16) && native_bf16_allowed.load(std::memory_order_relaxed);
 }
 void set_native_bf16(bool enabled) { native_bf16_allowed.store(enabled, std::memory_order_relaxed); }
 void set_overlap_mode(int mode) { overlap_mode.store(mode, std::memory_order_relaxed); }
