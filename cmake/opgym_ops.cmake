@@ -158,6 +158,9 @@ function(opgym_add_fuzz_targets)
   endforeach()
   list(JOIN names "\n" text)
   file(WRITE "${CMAKE_BINARY_DIR}/fuzz_targets.txt" "${text}\n")
+  # `cmake --build <dir> --target fuzz_all`: every fuzz target and nothing else (make test's sanitizer build)
+  list(TRANSFORM names PREPEND "fuzz_" OUTPUT_VARIABLE executables)
+  add_custom_target(fuzz_all DEPENDS ${executables})
 endfunction()
 
 # The precision runner's table (src/cases/runner_table.cpp.in -> <build>/generated/runner_table.cpp):

@@ -185,6 +185,7 @@ def test_table_printed(tiny_report):
         assert text in r.stdout, text
 
 
+@pytest.mark.full  # 20 s: a whole run with every switch off
 def test_env_switch_off_gives_identical_logits(tmp_path):
     """Control for the agreement figures: with the fused paths switched off (OPGYM_RMS_NORM=0,
     OPGYM_ADD_RMS_NORM=0, OPGYM_ROTARY=0, OPGYM_SWIGLU=0, OPGYM_ATTN_SOFTMAX=0, OPGYM_PATCH_EMBED=0) the
@@ -286,6 +287,7 @@ def test_threads_forced_to_one(ablation_report):
     assert "1 torch thread (--threads 1)" in r.stdout
 
 
+@pytest.mark.full  # 20 s: a whole run at 2 text layers
 def test_two_text_layers(tmp_path):
     """The tiny runs above have one text layer; with two, a layer hands its output to the next (the
     cross-layer add_rms_norm path), as in every real model. The run must finish, fused, with HF's logits
@@ -318,6 +320,7 @@ def saved_checkpoint(tmp_path_factory):
     return d
 
 
+@pytest.mark.full  # 20 s
 def test_saved_checkpoint_loads_through_model(saved_checkpoint, tmp_path):
     out = tmp_path / "r.json"
     args = [a for a in TINY if a not in ("--testing-tiny",)]

@@ -67,7 +67,8 @@ def _supported(isa: str) -> bool:
     return {"avx512": "avx512f", "avx2": "avx2", "scalar": ""}[isa] in flags
 
 
-@pytest.mark.parametrize("isa,capability", PAIRS, ids=[p[0] for p in PAIRS])
+@pytest.mark.parametrize("isa,capability", [pytest.param(*p, marks=pytest.mark.full) if p[0] == "scalar" else p
+                                            for p in PAIRS], ids=[p[0] for p in PAIRS])  # scalar: 22 s, test-full
 def test_gelu_tanh_bit_exact_with_torch_on_every_path(isa, capability):
     if not _supported(isa):
         pytest.skip(f"this CPU lacks {isa}")
