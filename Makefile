@@ -104,7 +104,7 @@ test-huge: install-python
 # `make test`: what CI runs, each stage timed (scripts/stages.sh prints the table at the end). A group
 # "a+b|c+d" runs the chain a, b beside the chain c, d: pytest keeps one core busy, so the sanitizer build,
 # the vLLM venv and transformers' tests take the other.
-TEST_STAGES := deps "venv|venv-vllm" wheel "test-python|test-cpp+build-san+test-fuzz" "test-vllm|test-hf-ci"
+TEST_STAGES := deps "venv+wheel|venv-vllm" "test-python|test-cpp+build-san+test-fuzz+test-vllm" test-hf-ci
 test:
 	scripts/stages.sh $(TEST_STAGES)
 

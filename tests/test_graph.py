@@ -38,9 +38,12 @@ def test_hf_model_logits_and_tokens_are_hf_eager_bits(dtype):
     ids = torch.randint(3, 99, (1, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(m(ids).logits, ref(ids).logits)
-    assert h.replaced["rms_norm"] == 5 and h.replaced["swiglu"] == 2 and h.replaced["attn_softmax"] == 2, h  # 2 layers x 2 norms + the final norm
+    # 2 layers x 2 norms + the final norm; per layer one MLP, one attention core, one q+k rotary pair
+    assert h.replaced["rms_norm"] == 5 and h.replaced["swiglu"] == 2 and h.replaced["attn_softmax"] == 2, h
+    assert h.replaced["rotary"] == 2, h
     s = h.stats()["ops"]
     assert s["rms_norm"]["fused"] == 5 and s["swiglu"]["fused"] == 2 and s["attn_softmax"]["fused"] == 2
+    assert s["rotary"]["fused"] == 2
     assert h.stats()["fallback"] == 0
     with torch.no_grad():
         assert torch.equal(m.generate(ids, max_new_tokens=5, do_sample=False),
@@ -109,6 +112,24 @@ def test_switch_and_gradient_run_the_captured_code(monkeypatch):
     ref(ids).logits.sum().backward()
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(m.parameters(), ref.parameters()))
     assert h.stats()["fused"] == 0 and h.stats()["fallback"] > 0
+
+
+def test_a_pattern_that_raises_leaves_the_graph_as_captured(monkeypatch):
+    """A bug in one op's pattern must not break compilation or change the model: that op is left as
+    captured (with the error counted), the others are still served."""
+    from opgym.ops.rotary import patterns
+
+    def broken(graph):
+        raise RuntimeError("a pattern bug")
+
+    monkeypatch.setattr(patterns, "find", broken)
+    m, ref = _qwen2(torch.bfloat16), _qwen2(torch.bfloat16)
+    h = graph.compile(m)
+    ids = torch.randint(3, 99, (1, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, ref(ids).logits)
+    assert h.replaced["rotary"] == 0 and h.replaced["rms_norm"] == 5
+    assert any("a pattern bug" in why for why in h.skipped["rotary"]), h
 
 
 def test_registered_as_a_torch_compile_backend():

@@ -3,6 +3,7 @@ eagerly as Python (GraphModule.forward), as captured everywhere else."""
 from __future__ import annotations
 
 import collections
+import copy
 import threading
 import weakref
 
@@ -79,7 +80,12 @@ def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule
         pat = _ops_table.part(op, "patterns")
         if pat is None:
             continue
-        for region in pat.find(graph):
+        try:
+            found = pat.find(graph)
+        except Exception as e:  # noqa: BLE001 - a pattern's own bug leaves the graph as captured for that op
+            handle.skipped[op][f"opgym error in the pattern: {type(e).__name__}: {e}"] += 1
+            continue
+        for region in found:
             try:
                 verdict, why = pat.admit(region)
             except Exception as e:  # noqa: BLE001 - a candidate that cannot be probed stays as captured
@@ -90,7 +96,10 @@ def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule
             target, consts = pat.replacement(region, verdict)
             fallback = extract(region["inputs"], region["output"], region["nodes"])
             call = GuardedRegion(op, target, consts, fallback, (handle._stats[op], _DEFAULT._stats[op]))
-            splice(graph, region["output"], call, tuple(region["inputs"]))
+            if hasattr(pat, "splice_region"):  # a region with several outputs places its call itself
+                pat.splice_region(graph, region, call)
+            else:
+                splice(graph, region["output"], call, tuple(region["inputs"]))
             handle.replaced[op] += 1
     graph.eliminate_dead_code()
     gm.recompile()
@@ -102,7 +111,13 @@ def backend(gm: fx.GraphModule, example_inputs, handle: GraphHandle | None = Non
     handle = handle or _DEFAULT
     with _LOCK:
         handle.graphs += 1
-        rewrite(gm, handle)
+        pristine = copy.deepcopy(gm.graph)
+        try:
+            rewrite(gm, handle)
+        except Exception as e:  # noqa: BLE001 - the model never raises because of opgym: run it as captured
+            handle.skipped["<graph>"][f"opgym error while rewriting: {type(e).__name__}: {e}"] += 1
+            gm.graph = pristine
+            gm.recompile()
     return gm.forward
 
 

@@ -80,9 +80,9 @@ def cast_target(node: fx.Node):
     return None
 
 
-def extract(inputs: list[fx.Node], output: fx.Node, nodes: list[fx.Node]) -> fx.GraphModule:
-    """The region `nodes` (in graph order, ending at `output`) as a GraphModule of `inputs`: every argument
-    a region node reads must be an input, a region node or a constant."""
+def extract(inputs: list[fx.Node], output, nodes: list[fx.Node]) -> fx.GraphModule:
+    """The region `nodes` (in graph order) as a GraphModule of `inputs` returning `output` (a node, or a list
+    of nodes: a tuple): every argument a region node reads must be an input, a region node or a constant."""
     g = fx.Graph()
     env = {}
     for i, n in enumerate(inputs):
@@ -93,7 +93,7 @@ def extract(inputs: list[fx.Node], output: fx.Node, nodes: list[fx.Node]) -> fx.
             if a not in env and a not in inside:
                 raise ValueError(f"region reads {a.name}, which is neither an input nor inside")
         env[n] = g.node_copy(n, lambda a: env[a])
-    g.output(env[output])
+    g.output(tuple(env[o] for o in output) if isinstance(output, (list, tuple)) else env[output])
     return fx.GraphModule(torch.nn.Module(), g)
 
 
