@@ -97,6 +97,30 @@ def test_near_misses_stay_as_captured(cls, served):
         assert not torch.equal(opgym.rms_norm(x, m.weight.detach(), m.eps), want)
 
 
+class _MoeAccumulate(_Llama):
+    """An RMSNorm, then an MoE-style accumulation: `out.index_add_(...)` whose result is not used. FX's
+    eliminate_dead_code drops such a call; the rewrite must remove only its own regions' nodes (it once ran
+    eliminate_dead_code and changed DeepSeek-V2/V3/V4's logits)."""
+
+    def forward(self, x):
+        h = super().forward(x)
+        out = torch.zeros_like(h)
+        out.index_add_(0, torch.tensor([2, 0, 1]), h[:3] * 2)
+        return out
+
+
+def test_the_rewrite_keeps_captured_in_place_calls():
+    torch.manual_seed(0)
+    m = _MoeAccumulate(64).to(torch.bfloat16).eval()
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        want = m(x)
+        h = graph.compile(m)
+        got = m(x)
+    assert h.replaced["rms_norm"] == 1, h
+    assert torch.equal(got, want) and got.abs().sum() > 0
+
+
 def test_switch_and_gradient_run_the_captured_code(monkeypatch):
     m, ref = _qwen2(torch.float32), _qwen2(torch.float32)
     h = graph.compile(m)

@@ -12,7 +12,7 @@ import torch.fx as fx
 
 from .. import ops as _ops_table
 from ..guard import Stats, count, summary, switch_on
-from .regions import extract, splice
+from .regions import extract, prune, splice
 
 _LOCK = threading.Lock()
 
@@ -100,8 +100,8 @@ def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule
                 pat.splice_region(graph, region, call)
             else:
                 splice(graph, region["output"], call, tuple(region["inputs"]))
+            prune(graph, region["nodes"])
             handle.replaced[op] += 1
-    graph.eliminate_dead_code()
     gm.recompile()
     return gm
 
