@@ -155,6 +155,12 @@ def admit(module: nn.Module, forward=None, x_dtype=None, w_dtype=None) -> tuple[
     """(the variant opgym computes this module with, None) or (None, why not) for inputs of x_dtype
     with a weight of w_dtype (default: the weight's dtype for both). `forward` is the module's own
     (default: its class's)."""
+    hit = _decide(module, forward, x_dtype, w_dtype)
+    return (None, hit.reason) if isinstance(hit, Failed) else hit
+
+
+def _decide(module: nn.Module, forward=None, x_dtype=None, w_dtype=None):
+    """admit's answer, or the probe's Failed (not cached anywhere: the next call probes again)."""
     if forward is None:
         forward = type(module).forward.__get__(module)
     w = getattr(module, "weight", None)
@@ -162,11 +168,8 @@ def admit(module: nn.Module, forward=None, x_dtype=None, w_dtype=None) -> tuple[
         return None, "no 1-D weight"
     w_dtype = w_dtype or w.dtype
     x_dtype = x_dtype or w_dtype
-    hit = _VERDICTS.decide(_key(module, forward, x_dtype, w_dtype),
-                           lambda: _probe(module, forward, x_dtype, w_dtype), device="cpu")
-    if isinstance(hit, Failed):  # not cached: the next call probes again
-        return None, hit.reason
-    return hit
+    return _VERDICTS.decide(_key(module, forward, x_dtype, w_dtype),
+                            lambda: _probe(module, forward, x_dtype, w_dtype), device="cpu")
 
 
 class Verdicts:
@@ -187,8 +190,9 @@ class Verdicts:
         if v is None:
             if torch.compiler.is_compiling():
                 return f"signature {x_dtype}/{w_dtype} not admitted before tracing"
-            got, why = admit(self.module, self.forward, x_dtype, w_dtype)
-            v = got if got is not None else why
-            if got is not None or not why.startswith("probe failed"):  # a failure is not a verdict
-                self.by_sig[(x_dtype, w_dtype)] = v
+            hit = _decide(self.module, self.forward, x_dtype, w_dtype)
+            if isinstance(hit, Failed):  # a failure is not a verdict: this call falls back, the next probes
+                return hit.reason
+            got, why = hit
+            v = self.by_sig[(x_dtype, w_dtype)] = got if got is not None else why
         return v
