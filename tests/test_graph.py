@@ -38,11 +38,14 @@ def test_hf_model_logits_and_tokens_are_hf_eager_bits(dtype):
     ids = torch.randint(3, 99, (1, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(m(ids).logits, ref(ids).logits)
-    # 2 layers x 2 norms + the final norm; per layer one MLP, one attention core, one q+k rotary pair
-    assert h.replaced["rms_norm"] == 5 and h.replaced["swiglu"] == 2 and h.replaced["attn_softmax"] == 2, h
-    assert h.replaced["rotary"] == 2, h
+    # 2 layers x 2 norms + the final norm: layer 0's input norm reads the embeddings (rms_norm), the other four
+    # read a residual sum (add_rms_norm: after attention, and across each layer's end into the next norm);
+    # per layer one MLP, one attention core, one q+k rotary pair
+    assert h.replaced["rms_norm"] == 1 and h.replaced["add_rms_norm"] == 4, h
+    assert h.replaced["swiglu"] == 2 and h.replaced["attn_softmax"] == 2 and h.replaced["rotary"] == 2, h
     s = h.stats()["ops"]
-    assert s["rms_norm"]["fused"] == 5 and s["swiglu"]["fused"] == 2 and s["attn_softmax"]["fused"] == 2
+    assert s["rms_norm"]["fused"] == 1 and s["add_rms_norm"]["fused"] == 4
+    assert s["swiglu"]["fused"] == 2 and s["attn_softmax"]["fused"] == 2
     assert s["rotary"]["fused"] == 2
     assert h.stats()["fallback"] == 0
     with torch.no_grad():
@@ -126,10 +129,14 @@ def test_switch_and_gradient_run_the_captured_code(monkeypatch):
     h = graph.compile(m)
     ids = torch.randint(3, 99, (1, 6), generator=torch.Generator().manual_seed(2))
     monkeypatch.setenv("OPGYM_RMS_NORM", "0")
+    monkeypatch.setenv("OPGYM_ADD_RMS_NORM", "0")
     with torch.no_grad():
         assert torch.equal(m(ids).logits, ref(ids).logits)
-    assert h.stats()["ops"]["rms_norm"]["fallback"] == 5 and h.stats()["ops"]["rms_norm"]["fused"] == 0
+    ops = h.stats()["ops"]
+    assert ops["rms_norm"]["fallback"] == 1 and ops["rms_norm"]["fused"] == 0
+    assert ops["add_rms_norm"]["fallback"] == 4 and ops["add_rms_norm"]["fused"] == 0
     monkeypatch.delenv("OPGYM_RMS_NORM")
+    monkeypatch.delenv("OPGYM_ADD_RMS_NORM")
     h.reset_stats()
     loss = m(ids).logits.sum()  # grad enabled, parameters require grad: the captured code, HF's gradients
     loss.backward()
@@ -152,7 +159,7 @@ def test_a_pattern_that_raises_leaves_the_graph_as_captured(monkeypatch):
     ids = torch.randint(3, 99, (1, 6), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert torch.equal(m(ids).logits, ref(ids).logits)
-    assert h.replaced["rotary"] == 0 and h.replaced["rms_norm"] == 5
+    assert h.replaced["rotary"] == 0 and h.replaced["rms_norm"] == 1 and h.replaced["add_rms_norm"] == 4
     assert any("a pattern bug" in why for why in h.skipped["rotary"]), h
 
 
@@ -162,3 +169,106 @@ def test_registered_as_a_torch_compile_backend():
     ids = torch.randint(3, 99, (1, 5), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert torch.equal(torch.compile(m, backend="opgym")(ids).logits, ref(ids).logits)
+
+
+def _llama(dtype, seed=0, layers=2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=99, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=96, attn_implementation="eager")
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg).eval().to(dtype)
+
+
+def test_add_rms_norm_fuses_within_and_across_layers():
+    """Llama, 3 layers, bf16: every residual add followed by a norm of its sum becomes one add_rms_norm call -
+    after attention, and layer i's last add with layer i + 1's input norm (and the final norm), where the sum
+    is also the next residual (its other users take the call's second output). Logits and tokens: HF's."""
+    m, ref = _llama(torch.bfloat16, layers=3), _llama(torch.bfloat16, layers=3)
+    h = graph.compile(m)
+    ids = torch.randint(3, 99, (1, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, ref(ids).logits)
+    assert h.replaced["add_rms_norm"] == 6 and h.replaced["rms_norm"] == 1, h
+    assert h.stats()["ops"]["add_rms_norm"] == {"fused": 6, "fallback": 0, "reasons": {}}
+
+
+def _norm(x, w, eps, stat=None):
+    """Llama's RMSNorm statements; `stat`: the tensor whose mean square is taken (x's, unless a near miss)."""
+    h = x.to(torch.float32)
+    v = (h if stat is None else stat.to(torch.float32)).pow(2).mean(-1, keepdim=True)
+    return w * (h * torch.rsqrt(v + eps)).to(x.dtype)
+
+
+class _AddNorm(nn.Module):
+    """`s = residual + x`, then Llama's norm of s; s is also read before the norm's output (by `early`) and
+    after it, so the fused call must sit where the add was and hand the sum to both."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.3 * torch.randn(d))
+        self.eps = 1e-6
+
+    def forward(self, x, residual):
+        s = residual + x
+        early = s * 0.5
+        return _norm(s, self.weight, self.eps) + early, s
+
+
+class _PromotedAdd(_AddNorm):
+    """The residual stream kept in float32: the add promotes to float32 and the norm reads that unrounded sum.
+    opgym::add_rms_norm rounds the sum to x's dtype, so this is no add_rms_norm (the norm alone still is)."""
+
+    def forward(self, x, residual):
+        s = residual + x  # residual is float32 here (the test feeds it so): the add promotes
+        return _norm(s, self.weight, self.eps), s
+
+
+class _NormOfOther(_AddNorm):
+    """The statistic taken over x, not over the sum it scales: no norm of the sum."""
+
+    def forward(self, x, residual):
+        s = residual + x
+        return _norm(s, self.weight, self.eps, stat=x), s
+
+
+class _NoUpcastNorm(_AddNorm):
+    """A plain add, then an RMSNorm in bf16 (no upcast): found, and refused by bits (no variant gives them)."""
+
+    def forward(self, x, residual):
+        s = residual + x
+        v = s.pow(2).mean(-1, keepdim=True)
+        return self.weight * (s * torch.rsqrt(v + self.eps)), s
+
+
+@pytest.mark.parametrize("cls,served", [(_AddNorm, True), (_PromotedAdd, False), (_NormOfOther, False),
+                                        (_NoUpcastNorm, False)])
+def test_add_rms_norm_near_misses_stay_as_captured(cls, served):
+    torch.manual_seed(0)
+    m = cls(256).to(torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(33, 256, generator=g) * torch.exp(torch.randn(33, 1, generator=g))).to(torch.bfloat16)
+    r = (torch.randn(33, 256, generator=g) * 3).to(torch.bfloat16)
+    if cls is _PromotedAdd:
+        r = r.float() + 1e-3 * torch.randn(33, 256, generator=g)  # a float32 residual bf16 cannot hold
+    with torch.no_grad():
+        want = m(x, r)
+        h = graph.compile(m)
+        got = m(x, r)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert h.replaced["add_rms_norm"] == (1 if served else 0), h
+    if served:
+        assert h.stats()["ops"]["add_rms_norm"]["fused"] == 1
+    w = m.weight.detach()
+    if cls is _PromotedAdd:
+        assert h.replaced["rms_norm"] == 1, h  # the norm of the float32 sum, alone
+        # what a wrong admission would compute: the sum rounded to bf16 before the norm - other bits
+        out, _ = opgym.add_rms_norm(x, r.to(torch.bfloat16), w, m.eps)
+        assert not torch.equal(out.float(), want[0])
+    if cls is _NormOfOther:
+        out, _ = opgym.add_rms_norm(x, r, w, m.eps)
+        assert not torch.equal(out, want[0])
+    if cls is _NoUpcastNorm:
+        assert any("the norm of the sum: no RMSNorm variant" in why for why in h.skipped["add_rms_norm"]), h
+        out, _ = opgym.add_rms_norm(x, r, w, m.eps)
+        assert not torch.equal(out, want[0])

@@ -73,13 +73,34 @@ class GraphHandle:
 _DEFAULT = GraphHandle()
 
 
+def _ordered(names) -> list:
+    """(op, patterns module) for each op with patterns, in the op table's order except that an op whose
+    patterns contain another op's (`CONTAINS`: add_rms_norm's region holds an RMSNorm) comes before it, so the
+    larger region is taken first and what it leaves goes to the smaller pattern."""
+    pats = [(op, p) for op in names if (p := _ops_table.part(op, "patterns")) is not None]
+    out: list = []
+    for op, p in pats:
+        at = len(out)
+        for i, (o, _) in enumerate(out):
+            if o in getattr(p, "CONTAINS", ()):
+                at = min(at, i)
+        out.insert(at, (op, p))
+    return out
+
+
+def _current(moved: dict, node):
+    """The node now standing for `node`: a region found before an earlier one was replaced may read that
+    earlier region's output (add_rms_norm: layer i's sum is the residual of layer i's next add)."""
+    while node in moved:
+        node = moved[node]
+    return node
+
+
 def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule:
     """Every op's patterns over one graph (in the op table's order); returns gm, recompiled."""
     graph = gm.graph
-    for op in _ops_table.OPS if ops is None else ops:
-        pat = _ops_table.part(op, "patterns")
-        if pat is None:
-            continue
+    moved: dict = {}  # a replaced region's output -> the node that took over its uses (a later region's input)
+    for op, pat in _ordered(_ops_table.OPS if ops is None else ops):
         try:
             found = pat.find(graph)
         except Exception as e:  # noqa: BLE001 - a pattern's own bug leaves the graph as captured for that op
@@ -93,13 +114,14 @@ def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule
             if verdict is None:
                 handle.skipped[op][why] += 1
                 continue
+            region["inputs"] = [_current(moved, n) for n in region["inputs"]]
             target, consts = pat.replacement(region, verdict)
             fallback = extract(region["inputs"], region["output"], region["nodes"])
             call = GuardedRegion(op, target, consts, fallback, (handle._stats[op], _DEFAULT._stats[op]))
             if hasattr(pat, "splice_region"):  # a region with several outputs places its call itself
-                pat.splice_region(graph, region, call)
+                moved.update(pat.splice_region(graph, region, call) or {})
             else:
-                splice(graph, region["output"], call, tuple(region["inputs"]))
+                moved[region["output"]] = splice(graph, region["output"], call, tuple(region["inputs"]))
             prune(graph, region["nodes"])
             handle.replaced[op] += 1
     gm.recompile()
