@@ -272,3 +272,98 @@ def test_add_rms_norm_near_misses_stay_as_captured(cls, served):
         assert any("the norm of the sum: no RMSNorm variant" in why for why in h.skipped["add_rms_norm"]), h
         out, _ = opgym.add_rms_norm(x, r, w, m.eps)
         assert not torch.equal(out, want[0])
+
+
+def _patch_embed(dtype, bias=False):
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionPatchEmbed
+
+    torch.manual_seed(0)
+    m = Qwen2_5_VisionPatchEmbed(patch_size=14, temporal_patch_size=2, in_channels=3, embed_dim=1280)
+    if bias:  # the same module with a biased conv (Qwen's has none; the op supports one)
+        conv = nn.Conv3d(3, 1280, (2, 14, 14), stride=(2, 14, 14), bias=True)
+        conv.weight.data.copy_(m.proj.weight.data)
+        m.proj = conv
+    return m.to(dtype).eval()
+
+
+def _pe_served_here(dtype, bias=False) -> bool:
+    """Where torch runs the conv through oneDNN (conftest.ONEDNN) and, with a bias, on AVX-512: the CPUs where
+    opgym.patch's probe serves it too (test_patch_embed.served_here). Elsewhere the probe must refuse: bf16 and
+    fp16 on an AVX2-only CPU (ATen's slow_conv3d), so there fp32 is what is served."""
+    from conftest import ONEDNN
+
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return ONEDNN[dtype] and (avx512 or not bias)
+
+
+@pytest.mark.parametrize("dtype,bias", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)],
+                         ids=["fp32", "fp32-bias", "bf16"])
+def test_patch_embed_conv_served_where_its_bits_are(dtype, bias):
+    """Qwen2.5-VL's patch embedding (conv3d, stride == kernel, on patch rows): the conv becomes opgym::patch_embed
+    where the region's probe finds a form with the conv's bits, and stays as captured (with the reason) where
+    none does; the output is the conv's bits either way."""
+    m = _patch_embed(dtype, bias)
+    x = torch.randn(16, 1176, generator=torch.Generator().manual_seed(8)).to(dtype)
+    with torch.no_grad():
+        want = m(x)
+        h = graph.compile(m)
+        got = m(x)
+        again = m(x * 2)  # the packed weight reused; a second input, the same signature
+        want2 = type(m).forward(m, x * 2)
+    assert torch.equal(got, want) and torch.equal(again, want2)
+    served = _pe_served_here(dtype, bias)
+    assert h.replaced["patch_embed"] == (1 if served else 0), h
+    st = h.stats()["ops"]["patch_embed"]
+    if served:
+        assert st["fused"] == 2 and st["fallback"] == 0, st
+    else:
+        assert any("no single form of opgym::patch_embed" in why for why in h.skipped["patch_embed"]), h
+
+
+class _OverlappingConv(nn.Module):
+    """A conv3d whose stride is not its kernel (overlapping patches): no patch GEMM, not matched."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Conv3d(3, 32, (2, 4, 4), stride=(2, 2, 2), bias=False)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class _WholeImageConv(_OverlappingConv):
+    """stride == kernel, but over a whole image (several output positions per sample): not patch rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Conv3d(3, 32, (2, 4, 4), stride=(2, 4, 4), bias=False)
+
+
+@pytest.mark.parametrize("cls", [_OverlappingConv, _WholeImageConv])
+def test_patch_embed_near_misses_stay_as_captured(cls):
+    torch.manual_seed(0)
+    m = cls().eval()
+    x = torch.randn(2, 3, 2, 8, 8)
+    with torch.no_grad():
+        want = m(x)
+        h = graph.compile(m)
+        got = m(x)
+    assert torch.equal(got, want)
+    assert h.replaced["patch_embed"] == 0 and not h.skipped.get("patch_embed"), h
+
+
+@pytest.mark.full
+def test_qwen2_5_vl_fp32_through_the_graph_path():
+    """The tiny Qwen2.5-VL (2 text layers, 2 vision blocks, a 56x56 page) in float32 through opgym.compile:
+    logits bit-identical, the patch embedding and every other op's regions served (~25 s)."""
+    from conftest import tiny_qwen25vl
+
+    (m, inputs), (ref, _) = tiny_qwen25vl(), tiny_qwen25vl()
+    m, ref = m.float(), ref.float()
+    inputs = {k: (v.float() if v.is_floating_point() else v) for k, v in inputs.items()}
+    h = graph.compile(m)
+    with torch.no_grad():
+        assert torch.equal(m(**inputs).logits, ref(**inputs).logits)
+    assert h.replaced["patch_embed"] == (1 if _pe_served_here(torch.float32) else 0), h
+    assert h.replaced["add_rms_norm"] >= 4 and h.replaced["swiglu"] >= 2 and h.replaced["attn_softmax"] >= 2, h
+    assert h.stats()["fallback"] == 0, h.stats()
