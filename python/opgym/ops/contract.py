@@ -10,6 +10,9 @@ of the table (tests/test_op_contract.py), in the manner of PyTorch's OpInfo and 
                                      bit on the CPU
     misuses() -> list[Misuse]        calls the op must refuse, with the error type and a pattern naming the
                                      argument; the harness checks that nothing was written
+    LIFE: Life | None                a small seeded HF model the op serves, in one line (`causal_lm("qwen3")`,
+                                     `qwen2_5_vl()`): tests/test_module_life.py lives a patched module's life on
+                                     it (deepcopy, pickle, dtype moves, load_state_dict, the meta device, undo)
 
 The harness runs, for every op: exactness against the reference (each dtype, 1 and 2 threads), misuse
 (the named error, every tensor argument unchanged), many threads at once (equal to the call made alone),
@@ -98,3 +101,89 @@ def strided(shape, dtype, seed: int, pad: int = 7) -> torch.Tensor:
     """A tensor of `shape` whose rows are a slice of wider rows (a non-unit row stride)."""
     wide = rand(tuple(shape[:-1]) + (shape[-1] + pad,), dtype, seed)
     return wide[..., 3:3 + shape[-1]]
+
+
+# ---- a patched module's life: the small HF model each op declares (`LIFE` in its samples.py) -------------
+
+@dataclass(frozen=True)
+class Life:
+    """A small seeded transformers model that the op serves, on which tests/test_module_life.py checks a patched
+    module's life (deepcopy, pickle, dtype moves, load_state_dict, the meta device, undo) against HF's own
+    logits. `config()` makes its transformers config, `model_class` names its transformers class, `inputs(dtype)`
+    its forward's keyword arguments (floating inputs in `dtype`). Declared in one line with `causal_lm(...)` or
+    `qwen2_5_vl()`; an op that no HF model uses declares `LIFE = None`."""
+    name: str
+    config: Callable[[], object]
+    model_class: str
+    inputs: Callable[[torch.dtype], dict]
+
+    def build(self, dtype: torch.dtype = torch.float32, seed: int = 0, device=None):
+        """The model, eval, eager attention, in `dtype`, with seeded weights (HF's own initialization, then
+        seeded noise on every parameter HF sets to a constant - norm weights, biases - so that they really
+        scale and shift). On `device` ("meta": nothing drawn) when given."""
+        import transformers
+
+        cls = getattr(transformers, self.model_class)
+        make = getattr(cls, "from_config", None) or cls._from_config  # an Auto class, or the model's own
+        cfg = self.config()
+        torch.manual_seed(seed)
+        if device is not None:
+            with torch.device(device):
+                model = make(cfg, attn_implementation="eager", dtype=dtype)
+        else:
+            model = make(cfg, attn_implementation="eager", dtype=dtype)
+            g = torch.Generator().manual_seed(seed + 1)
+            with torch.no_grad():
+                for _, p in sorted(model.named_parameters()):
+                    if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
+                        p.add_((torch.randn(p.shape, generator=g) * 0.1).to(p.dtype))
+        return model.eval()
+
+    def logits(self, model, dtype: torch.dtype) -> torch.Tensor:
+        with torch.no_grad():
+            return model(**self.inputs(dtype)).logits
+
+
+_TINY_LM = {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 37}
+
+
+def causal_lm(model_type: str, **config) -> Life:
+    """A 2-layer causal LM of transformers' `model_type` (hidden 32, 2 heads on 1 kv head, head dim 16,
+    intermediate 37, a vocabulary of 99; `config` overrides), fed 7 seeded token ids."""
+    def make():
+        import transformers
+
+        return transformers.AutoConfig.for_model(model_type, **{**_TINY_LM, **config})
+
+    def inputs(dtype):
+        return {"input_ids": torch.randint(3, 99, (1, 7), generator=torch.Generator().manual_seed(2))}
+
+    extra = "".join(f", {k}={v}" for k, v in config.items())
+    return Life(f"{model_type}{extra}", make, "AutoModelForCausalLM", inputs)
+
+
+_TINY_QWEN2_5_VL = {
+    "hidden_size": 256, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+    "vocab_size": 1024, "bos_token_id": 1000, "eos_token_id": 1001, "image_token_id": 1002,
+    "vision_start_token_id": 1003, "vision_end_token_id": 1004,
+    "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "out_hidden_size": 256},
+}
+
+
+def qwen2_5_vl() -> Life:
+    """Qwen2.5-VL-3B's architecture at 1 text layer and 1 vision block, reduced widths (the real head dim 128 and
+    MRoPE sections, the vision tower's real patch embedding), fed a 56x56 synthetic page."""
+    def make():
+        from opgym import models
+
+        return models.qwen2_5_vl_3b_config(text_layers=1, vision_blocks=1, _widths=_TINY_QWEN2_5_VL)
+
+    def inputs(dtype):
+        from opgym import models
+
+        got = models.make_inputs(make(), models.synthetic_page(width=56, height=56))
+        got["pixel_values"] = got["pixel_values"].to(dtype)
+        return got
+
+    return Life("qwen2_5_vl", make, "Qwen2_5_VLForConditionalGeneration", inputs)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from ..contract import Misuse, Sample, rand, strided
+from ..contract import Misuse, Sample, causal_lm, rand, strided
 from ..rms_norm.samples import gemma, olmo2, qwen2
 
 OPS = torch.ops.opgym
+LIFE = causal_lm("llama")  # a patched module's life (tests/test_module_life.py)
 EPS = 1e-6
 
 

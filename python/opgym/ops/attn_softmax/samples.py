@@ -10,9 +10,10 @@ import types
 import torch
 import torch.nn.functional as F
 
-from ..contract import Misuse, Sample, rand
+from ..contract import Misuse, Sample, causal_lm, rand
 
 OPS = torch.ops.opgym
+LIFE = causal_lm("mistral")  # a patched module's life (tests/test_module_life.py): 2 heads on 1 kv head
 TEXT_SCALING = 128 ** -0.5
 VISION_SCALING = 80 ** -0.5
 

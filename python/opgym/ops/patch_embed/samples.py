@@ -10,9 +10,10 @@ import functools
 
 import torch
 
-from ..contract import Misuse, Sample, rand
+from ..contract import Misuse, Sample, qwen2_5_vl, rand
 
 OPS = torch.ops.opgym
+LIFE = qwen2_5_vl()  # a patched module's life (tests/test_module_life.py)
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..contract import Misuse, Sample, rand, strided
+from ..contract import Misuse, Sample, causal_lm, rand, strided
 
 OPS = torch.ops.opgym
+LIFE = causal_lm("qwen3")  # a patched module's life (tests/test_module_life.py): q/k norms too
 EPS = 1e-6
 
 

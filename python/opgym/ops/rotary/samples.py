@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..contract import Misuse, Sample, rand
+from ..contract import Misuse, Sample, causal_lm, rand
 
 OPS = torch.ops.opgym
+LIFE = causal_lm("qwen2")  # a patched module's life (tests/test_module_life.py)
 
 
 def _hf():

@@ -7,9 +7,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..contract import Misuse, Sample, rand
+from ..contract import Misuse, Sample, causal_lm, rand
 
 OPS = torch.ops.opgym
+LIFE = causal_lm("gemma", hidden_activation="gelu_pytorch_tanh")  # a patched module's life (tests/test_module_life.py)
 
 
 def _act(x, activation):
