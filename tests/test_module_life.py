@@ -18,6 +18,7 @@ oneDNN's bf16 conv), its calls at that dtype must fall back (untouched), not be 
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import io
 import warnings
@@ -59,6 +60,7 @@ def _reference(op, dtype):
     return _REF[key]
 
 
+@functools.lru_cache(maxsize=None)
 def _exact_here(op, dtype) -> bool:
     """Whether the op's own samples say it gives HF's bits at dtype on this CPU (some sample runs)."""
     return any(s.skip_reason() is None for s in _samples(op).samples(dtype))

@@ -10,6 +10,9 @@ of the table (tests/test_op_contract.py), in the manner of PyTorch's OpInfo and 
                                      bit on the CPU
     misuses() -> list[Misuse]        calls the op must refuse, with the error type and a pattern naming the
                                      argument; the harness checks that nothing was written
+    drawn(draw, dtype) -> Sample     one call whose shapes, strides, variant and values `draw` (a Draw) picks
+                                     within the op's domain, with its reference: tests/test_op_properties.py has
+                                     Hypothesis draw them and shrink a failure to the smallest call
     LIFE: Life | None                a small seeded HF model the op serves, in one line (`causal_lm("qwen3")`,
                                      `qwen2_5_vl()`): tests/test_module_life.py lives a patched module's life on
                                      it (deepcopy, pickle, dtype moves, load_state_dict, the meta device, undo)
@@ -91,15 +94,44 @@ class Misuse:
     tensors: tuple = ()
 
 
+class Draw:
+    """What `drawn(draw, dtype)` picks its call with. The harness gives one backed by Hypothesis (which then
+    shrinks a failing call to the smallest); `Draw(random.Random(seed))` draws without it (a fuzz loop)."""
+
+    def __init__(self, rng=None):
+        import random
+
+        self._rng = rng or random.Random(0)
+
+    def integer(self, lo: int, hi: int) -> int:
+        """An int in [lo, hi]."""
+        return self._rng.randint(lo, hi)
+
+    def choice(self, options):
+        return options[self.integer(0, len(options) - 1)]
+
+    def boolean(self) -> bool:
+        return bool(self.integer(0, 1))
+
+    def seed(self) -> int:
+        return self.integer(0, 2 ** 16)
+
+    def tensor(self, shape, dtype, scale: float = 1.0) -> torch.Tensor:
+        """Seeded normal values of `shape`; rows strided (a slice of wider rows) when drawn so."""
+        if shape and self.boolean():
+            return strided(shape, dtype, self.seed(), scale=scale)
+        return rand(shape, dtype, self.seed(), scale)
+
+
 def rand(shape, dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
     """Seeded normal values rounded to dtype, always on the CPU (whatever torch's default device is)."""
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(shape, generator=g, device="cpu") * scale).to(dtype)
 
 
-def strided(shape, dtype, seed: int, pad: int = 7) -> torch.Tensor:
+def strided(shape, dtype, seed: int, pad: int = 7, scale: float = 1.0) -> torch.Tensor:
     """A tensor of `shape` whose rows are a slice of wider rows (a non-unit row stride)."""
-    wide = rand(tuple(shape[:-1]) + (shape[-1] + pad,), dtype, seed)
+    wide = rand(tuple(shape[:-1]) + (shape[-1] + pad,), dtype, seed, scale)
     return wide[..., 3:3 + shape[-1]]
 
 

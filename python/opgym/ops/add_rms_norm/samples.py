@@ -42,6 +42,22 @@ def samples(dtype: torch.dtype) -> list[Sample]:
     return out
 
 
+def drawn(draw, dtype: torch.dtype) -> Sample:
+    """Any rank 1..4 (leading sizes 0..5, width 1..300), x's rows strided or not, the residual at scale 1 or 50;
+    each variant (Qwen2's, OLMo-2's, Gemma's); out of place or in place (x <- norm, residual <- sum)."""
+    from ..rms_norm.samples import _rows
+
+    shape = _rows(draw)
+    call = draw.choice(("add_rms_norm", "add_rms_norm_"))
+    x = rand(shape, dtype, draw.seed()) if call == "add_rms_norm_" else draw.tensor(shape, dtype)
+    r = rand(shape, dtype, draw.seed(), draw.choice((1.0, 50.0)))
+    variant = draw.choice(("hf", "fp32", "gemma"))
+    w = rand(shape[-1:], dtype, draw.seed(), 0.1) + (0 if variant == "gemma" else 1)
+    ref = _seam({"hf": qwen2, "fp32": olmo2, "gemma": gemma}[variant])
+    args = (x, r, w, EPS, "hf" if variant == "hf" else "fp32", variant == "gemma")
+    return Sample(f"{call} {variant} {tuple(shape)}", getattr(OPS, call).default, args, ref)
+
+
 def misuses() -> list[Misuse]:
     x, r, w = rand((4, 16), torch.bfloat16, 0), rand((4, 16), torch.bfloat16, 1), rand((16,), torch.bfloat16, 2)
     return [

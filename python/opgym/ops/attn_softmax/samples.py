@@ -82,6 +82,38 @@ def samples(dtype: torch.dtype) -> list[Sample]:
     return out
 
 
+def drawn(draw, dtype: torch.dtype) -> Sample:
+    """The attention core on [B, H, S, T] scores (B 1..2, H 1..4, S 0..20 queries, T 1..300 keys, scale of
+    values 1..30) with no mask or HF's causal mask (a left-padded batch row), out of place or in place; the
+    vision windows (1..100 patches cut at drawn points, packed or block diagonal); or the whole
+    eager_attention_forward (1..4 kv heads, 1..4 groups, head dim 1..64, causal mask or none)."""
+    form = draw.choice(("softmax", "segments", "eager"))
+    scale = draw.choice((TEXT_SCALING, VISION_SCALING, 1.0))
+    if form == "softmax":
+        B, H, S = draw.integer(1, 2), draw.integer(1, 4), draw.integer(0, 20)
+        T = draw.integer(max(S, 1), 300)
+        scores = rand((B, H, S, T), dtype, draw.seed(), draw.choice((1.0, 30.0)))
+        call = draw.choice(("attn_softmax", "attn_softmax_"))
+        mask = causal_mask(B, S, T, dtype, left_pad=draw.integer(0, T - 1)) if draw.boolean() else None
+        return Sample(f"{call} [{B}, {H}, {S}, {T}] mask {mask is not None}", getattr(OPS, call).default,
+                      (scores, scale, mask), hf_softmax)
+    if form == "segments":
+        P, H = draw.integer(1, 100), draw.integer(1, 4)
+        cuts = sorted({draw.integer(1, P - 1) for _ in range(draw.integer(0, 4))} if P > 1 else set())
+        cu = torch.tensor([0, *cuts, P], dtype=torch.int32, device="cpu")
+        block = draw.boolean()
+        W = P if block else max(int(e - s) for s, e in zip(cu[:-1], cu[1:]))
+        scores = rand((H, P, W), dtype, draw.seed(), 10.0)
+        return Sample(f"segments {cu.tolist()} H={H} block {block}", OPS.attn_softmax_segments.default,
+                      (scores, scale, cu, block), segments)
+    B, KV, groups, S, D = draw.integer(1, 2), draw.integer(1, 4), draw.integer(1, 4), draw.integer(1, 20), draw.integer(1, 64)
+    q = rand((B, KV * groups, S, D), dtype, draw.seed(), 2.0)
+    k, v = rand((B, KV, S, D), dtype, draw.seed(), 2.0), rand((B, KV, S, D), dtype, draw.seed())
+    mask = causal_mask(B, S, S, dtype) if draw.boolean() else None
+    return Sample(f"eager B={B} KV={KV} groups={groups} S={S} D={D} mask {mask is not None}", OPS.attn_eager.default,
+                  (q, k, v, scale, mask, groups, False), eager)
+
+
 def misuses() -> list[Misuse]:
     s = rand((4, 16), torch.bfloat16, 0)
     return [

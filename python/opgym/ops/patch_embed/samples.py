@@ -56,6 +56,17 @@ def samples(dtype: torch.dtype) -> list[Sample]:
     return out
 
 
+def drawn(draw, dtype: torch.dtype) -> Sample:
+    """1..40 patches of Qwen2.5-VL's 3 x 2 x 14 x 14 pixels, against the module's own Conv3d, in the form this CPU's
+    conv takes for that count (the op's probe); not exact here where no form is."""
+    P = draw.integer(1, 40)
+    form, why = form_here(dtype, P)
+    packed = OPS.patch_embed_pack(_module(dtype).proj.weight.detach(), form or "fma_chain")
+    return Sample(f"{P} patches ({form or 'no form'})", OPS.patch_embed.default,
+                  (rand((P, 3, 2, 14, 14), dtype, draw.seed()), packed, 1280), conv,
+                  when=lambda: None if form else f"no form gives torch's conv bits on this CPU ({why})")
+
+
 def misuses() -> list[Misuse]:
     w = _module(torch.float32).proj.weight.detach()
     packed = OPS.patch_embed_pack(w, "fma_chain")

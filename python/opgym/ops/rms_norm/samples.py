@@ -60,6 +60,28 @@ def samples(dtype: torch.dtype) -> list[Sample]:
     return out
 
 
+def _rows(draw, max_lead: int = 3, width: int = 300) -> tuple:
+    """A shape [*lead, D]: 0 to `max_lead` leading dims of 0..5, D in 1..width."""
+    return tuple(draw.integer(0, 5) for _ in range(draw.integer(0, max_lead))) + (draw.integer(1, width),)
+
+
+def drawn(draw, dtype: torch.dtype) -> Sample:
+    """Any rank 1..4 (leading sizes 0..5, width 1..300), rows strided or not, values at scale 1 or 100; each
+    variant (Qwen2's, OLMo-2's fp32 rounding, Gemma's 1 + weight), a weight in x's dtype or fp32 (HF's promotion,
+    Qwen2's), three eps; out of place, in place or out=."""
+    shape = _rows(draw)
+    x = draw.tensor(shape, dtype, draw.choice((1.0, 100.0)))
+    variant = draw.choice(("hf", "fp32", "gemma"))
+    wdt = draw.choice((dtype, torch.float32)) if variant == "hf" else dtype
+    w = rand(shape[-1:], wdt, draw.seed(), 0.1) + (0 if variant == "gemma" else 1)
+    eps = draw.choice((1e-6, 1e-5, 0.5))
+    ref = {"hf": qwen2, "fp32": olmo2, "gemma": gemma}[variant]
+    args = (x, w, eps, "hf" if variant == "hf" else "fp32", variant == "gemma")
+    call = draw.choice(("rms_norm", "rms_norm_", "rms_norm_out")) if wdt == dtype else "rms_norm"
+    kwargs = {"out": torch.empty(shape, dtype=dtype)} if call == "rms_norm_out" else {}
+    return Sample(f"{call} {variant} {tuple(shape)} w {wdt} eps {eps}", getattr(OPS, call).default, args, ref, kwargs)
+
+
 def misuses() -> list[Misuse]:
     x, w = rand((4, 16), torch.bfloat16, 0), rand((16,), torch.bfloat16, 1)
     out = torch.full((4, 16), 7.0, dtype=torch.bfloat16)

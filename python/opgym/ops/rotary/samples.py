@@ -60,6 +60,37 @@ def samples(dtype: torch.dtype) -> list[Sample]:
     return out
 
 
+def drawn(draw, dtype: torch.dtype) -> Sample:
+    """HF's text rotary (batch 1..2, 0..20 positions, 1..4 q heads and 1..4 kv heads, even head dims 2..64, q and
+    k as HF's transposed projection views or contiguous, per-batch or shared tables, out of place or in place),
+    MRoPE's three sections (any split of half the head dim) or the vision rotary (fp32 tables over 0..40
+    patches)."""
+    form = draw.choice(("text", "mrope", "vision"))
+    D = 2 * draw.integer(3 if form == "mrope" else 1, 32)
+    H, KV = draw.integer(1, 4), draw.integer(1, 4)
+    if form == "vision":
+        P = draw.integer(0, 40)
+        q, k = draw.tensor((P, H, D), dtype), draw.tensor((P, KV, D), dtype)
+        cos, sin = rand((P, D), torch.float32, draw.seed()), rand((P, D), torch.float32, draw.seed())
+        return Sample(f"vision P={P} H={H} KV={KV} D={D}", OPS.rotary.default, (q, k, cos, sin, -2, "fp32"), vision)
+    B, S = draw.integer(1, 2), draw.integer(0, 20)
+    call = draw.choice(("rotary", "rotary_"))
+    if call == "rotary_" or draw.boolean():
+        q, k = rand((B, H, S, D), dtype, draw.seed()), rand((B, KV, S, D), dtype, draw.seed())
+    else:
+        q, k = (rand((B, S, n, D), dtype, draw.seed()).transpose(1, 2) for n in (H, KV))
+    tb = draw.choice((1, B))
+    if form == "text":
+        cos, sin = rand((tb, S, D), dtype, draw.seed()), rand((tb, S, D), dtype, draw.seed())
+        return Sample(f"{call} text B={B} S={S} H={H} KV={KV} D={D}", getattr(OPS, call).default, (q, k, cos, sin), text)
+    a = draw.integer(1, D // 2 - 2)
+    b = draw.integer(1, D // 2 - 1 - a)
+    section = [a, b, D // 2 - a - b]
+    cos, sin = rand((3, tb, S, D), dtype, draw.seed()), rand((3, tb, S, D), dtype, draw.seed())
+    return Sample(f"{call} MRoPE {section} B={B} S={S} H={H} KV={KV}", getattr(OPS, call).default,
+                  (q, k, cos, sin, 1, "hf", section), mrope)
+
+
 def misuses() -> list[Misuse]:
     q, k = _text_qk(3, torch.bfloat16, 0, H=4, KV=2, D=8)
     cos, sin = rand((1, 3, 8), torch.bfloat16, 1), rand((1, 3, 8), torch.bfloat16, 2)

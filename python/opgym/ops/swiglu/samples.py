@@ -49,6 +49,31 @@ def samples(dtype: torch.dtype) -> list[Sample]:
     return out
 
 
+def drawn(draw, dtype: torch.dtype) -> Sample:
+    """SiLU or GELU-tanh on any rank 1..3 (leading sizes 0..5, width 1..300), gate and up strided or not, or the
+    two halves of one gate_up (chunk views, swiglu_merged); or the whole MLP (0..8 rows, hidden 1..64,
+    intermediate 1..96, with or without biases) with torch's GEMMs."""
+    from ..rms_norm.samples import _rows
+
+    act = draw.choice(("silu", "gelu_tanh"))
+    form = draw.choice(("pair", "merged", "mlp"))
+    if form == "pair":
+        shape = _rows(draw, max_lead=2)
+        g, u = draw.tensor(shape, dtype, 4.0), draw.tensor(shape, dtype)
+        return Sample(f"pair {act} {shape}", OPS.swiglu.default, (g, u, act), pair)
+    if form == "merged":
+        shape = _rows(draw, max_lead=2, width=150)
+        gu = draw.tensor(shape[:-1] + (2 * shape[-1],), dtype, 4.0)
+        return Sample(f"merged {act} {shape}", OPS.swiglu_merged.default, (gu, act), merged)
+    n, h, i = draw.integer(0, 8), draw.integer(1, 64), draw.integer(1, 96)
+    bias = draw.boolean()
+    x = draw.tensor((n, h), dtype)
+    wgu, wd = rand((2 * i, h), dtype, draw.seed(), 0.1), rand((h, i), dtype, draw.seed(), 0.1)
+    bgu, bd = (rand((2 * i,), dtype, draw.seed(), 0.1), rand((h,), dtype, draw.seed(), 0.1)) if bias else (None, None)
+    return Sample(f"mlp {act} rows {n} H {h} I {i} bias {bias}", OPS.swiglu_mlp.default, (x, wgu, bgu, wd, bd, act),
+                  mlp)
+
+
 def misuses() -> list[Misuse]:
     g, u = rand((4, 16), torch.bfloat16, 0), rand((4, 16), torch.bfloat16, 1)
     return [
