@@ -367,3 +367,85 @@ def test_qwen2_5_vl_fp32_through_the_graph_path():
     assert h.replaced["patch_embed"] == (1 if _pe_served_here(torch.float32) else 0), h
     assert h.replaced["add_rms_norm"] >= 4 and h.replaced["swiglu"] >= 2 and h.replaced["attn_softmax"] >= 2, h
     assert h.stats()["fallback"] == 0, h.stats()
+
+
+def test_generate_is_hf_greedy_with_bounded_graphs():
+    """12 greedy tokens through opgym.compile are HF eager's, every decode step runs a served graph (11 regions
+    per forward, no fallback), and the graphs do not grow with the steps: the prefill, the first decode step,
+    then one graph with the cache length symbolic (Dynamo's automatic dynamic shapes). A second generate of the
+    same prompt length compiles nothing."""
+    m, ref = _qwen2(torch.bfloat16), _qwen2(torch.bfloat16)
+    h = graph.compile(m)
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(3, 99, (1, 7), generator=g)
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    with torch.no_grad():
+        assert torch.equal(m.generate(ids, **kw), ref.generate(ids, **kw))
+        assert h.graphs <= 3, h
+        assert h.stats()["fused"] == 11 * 12 and h.stats()["fallback"] == 0, h.stats()
+        n = h.graphs
+        ids2 = torch.randint(3, 99, (1, 7), generator=g)
+        assert torch.equal(m.generate(ids2, **kw), ref.generate(ids2, **kw))
+        assert h.graphs == n, h
+    assert h.stats()["fused"] == 2 * 11 * 12 and h.stats()["fallback"] == 0, h.stats()
+
+
+def _shared_wrapper(fn):
+    """A decorator whose one code object wraps many forwards, as HF's generic `wrapper` does."""
+    def wrapper(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    return wrapper
+
+
+_WRAPPED = [type(f"_Wrapped{i}", (_Llama,), {"forward": _shared_wrapper(_Llama.forward)}) for i in range(10)]
+
+
+class _TenWrapped(nn.Module):
+    """Ten norms, each a different class whose forward goes through one shared wrapper, with a graph break
+    between them: each is a frame of its own starting in the wrapper's code, so the wrapper's code object holds
+    ten compiled entries - over Dynamo's default recompile limit (8), past which it runs the code eagerly."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.norms = nn.ModuleList(cls(d) for cls in _WRAPPED)
+
+    def forward(self, x):
+        for n in self.norms:
+            x = n(x)
+            torch._dynamo.graph_break()
+        return x
+
+
+@pytest.mark.parametrize("limit", [None, 8])
+def test_a_shared_wrapper_does_not_exhaust_the_recompile_limit(limit):
+    torch.manual_seed(0)
+    m = _TenWrapped(64).to(torch.bfloat16).eval()
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        want = m(x)
+        h = graph.compile(m) if limit is None else graph.compile(m, recompile_limit=limit)
+        got = m(x)
+    assert torch.equal(got, want)
+    served = 10 if limit is None else 8  # the control: at Dynamo's default the last two norms run unserved
+    assert h.replaced["rms_norm"] == served and h.stats()["ops"]["rms_norm"]["fused"] == served, h
+
+
+@pytest.mark.full
+def test_qwen2_5_vl_generate_after_forwards_stays_served():
+    """Forwards on two page sizes, then 12 greedy tokens (tiny Qwen2.5-VL, bf16): under Dynamo's default limit
+    HF's shared wrapper passed 8 compiled entries here and the decode steps ran unserved (measured: 11 of 132
+    regions fused); through opgym.compile's limit every text forward of the generate is served, tokens HF's
+    (~60 s)."""
+    from conftest import tiny_qwen25vl
+    from opgym import models
+
+    (m, _), (ref, _) = tiny_qwen25vl(), tiny_qwen25vl()
+    h = graph.compile(m)
+    with torch.no_grad():
+        for page in ((56, 56), (84, 56)):
+            inp = models.make_inputs(m.config, models.synthetic_page(width=page[0], height=page[1]))
+            assert torch.equal(m(**inp).logits, ref(**inp).logits)
+        h.reset_stats()
+        kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
+        assert torch.equal(m.generate(**inp, **kw), ref.generate(**inp, **kw))
+    assert h.stats()["ops"]["add_rms_norm"]["fused"] == 4 * 12 and h.stats()["fallback"] == 0, h.stats()

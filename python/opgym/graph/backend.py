@@ -143,9 +143,25 @@ def backend(gm: fx.GraphModule, example_inputs, handle: GraphHandle | None = Non
     return gm.forward
 
 
-def compile(model: torch.nn.Module, *, dynamic=None) -> GraphHandle:  # noqa: A001 - opgym.compile
+# Dynamo keeps its compiled entries per code object and runs a code object eagerly - unserved, silently - once
+# it holds torch._dynamo.config.recompile_limit (8) entries. HF decorates most forwards with one generic wrapper
+# (transformers/utils/generic.py's `wrapper`, 5.24's deprecate_kwarg `wrapped_func` too): every decorated
+# function (the model, its language model, its vision tower), each call shape (args, kwargs) and each
+# specialization (prefill, the first decode step, then the dynamic decode) is one more entry of that one code
+# object. Measured (tiny Qwen2.5-VL, transformers 5.23 and 5.24): a forward with an image then a 12-token
+# generate leaves 7 entries on it; a second page size or prompt passes 8. The entries are not per decode step
+# (automatic dynamic shapes: one recompile makes the growing cache length symbolic), so the limit is raised for
+# opgym's compiled region only (torch.compile's recompile_limit, isolated from other compiles of the same code):
+# bounded, and the handle's `graphs` shows what was compiled.
+RECOMPILE_LIMIT = 64
+
+
+def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECOMPILE_LIMIT) -> GraphHandle:  # noqa: A001
     """Compiles `model` in place through the exact graph path (module docstring); returns its GraphHandle.
-    Graphs are captured at the first call of each new input signature."""
+    Graphs are captured at the first call of each new input signature; shapes that change between calls (the
+    cache length in decoding) become symbolic after one recompile (Dynamo's automatic dynamic shapes: leave
+    `dynamic` None - dynamic=True also makes float attributes such as eps and the attention scale graph inputs,
+    which no pattern matches). `recompile_limit`: compiled entries per code object in this region (above)."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"opgym.compile: expected a torch.nn.Module, got {type(model).__name__}")
     handle = GraphHandle(model)
@@ -153,7 +169,7 @@ def compile(model: torch.nn.Module, *, dynamic=None) -> GraphHandle:  # noqa: A0
     def _backend(gm, example_inputs):
         return backend(gm, example_inputs, handle)
 
-    model.compile(backend=_backend, dynamic=dynamic)
+    model.compile(backend=_backend, dynamic=dynamic, recompile_limit=recompile_limit, isolate_recompiles=True)
     return handle
 
 
