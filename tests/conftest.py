@@ -6,6 +6,8 @@ closing summary so they appear in the log without -s.
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import os
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from opgym.numerics import ulp_distance
+from opgym.ops import OPS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -107,32 +110,48 @@ TINY_QWEN25VL = {
 }
 
 
+def op_samples(op: str):
+    """opgym.ops.<op>.samples: the op's declared contract (opgym/ops/contract.py)."""
+    return importlib.import_module(f"opgym.ops.{op}.samples")
+
+
+@functools.lru_cache(maxsize=None)
+def exact_here(op: str, dtype: torch.dtype) -> bool:
+    """Whether the op's own samples say it gives HF's bits at dtype on this CPU (one of them runs here): where
+    none does (patch_embed's bf16 conv without oneDNN's bf16), the op leaves those calls to HF."""
+    return any(s.skip_reason() is None for s in op_samples(op).samples(dtype))
+
+
 # A probe's refusal: an op's probe found that this CPU's torch computes a call in an order opgym has no form
 # for, and the call ran HF's own code (a fallback with one of these reasons: HF's bits either way). torch
 # runs a dtype's convolutions through oneDNN only where its own check allows (ONEDNN): elsewhere - bf16 and
 # fp16 on an AVX2-only CPU - its slow_conv3d (an unfold and a GEMM) and its fp16 GEMMs sum in other orders.
-PROBE_REFUSALS = ("no exact form at ", "bits differ from HF's per-window ones (probe)")
+# Each op declares its refusals' text in its samples.py (REFUSALS); none is written here.
+PROBE_REFUSALS = tuple(r for op in OPS for r in getattr(op_samples(op), "REFUSALS", ()))
 ONEDNN = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
           torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported(), torch.float32: True}
 
 
-def refusals(stats: dict) -> int:
-    """The fallbacks in `stats` (a handle's stats, one op's, or a report's calls) that are probe refusals."""
-    return sum(n for r, n in stats.get("reasons", {}).items() if any(p in r for p in PROBE_REFUSALS))
+def refusals(stats: dict, op: str | None = None) -> int:
+    """The fallbacks in `stats` (a handle's stats, one op's, or a report's calls) that are probe refusals (`op`'s
+    own, when given: one op's stats)."""
+    texts = PROBE_REFUSALS if op is None else getattr(op_samples(op), "REFUSALS", ())
+    return sum(n for r, n in stats.get("reasons", {}).items() if any(p in r for p in texts))
 
 
-def assert_only_refusals(stats: dict, dtype=torch.bfloat16) -> None:
-    """Every fallback is a probe's refusal, and there is none where torch runs `dtype` through oneDNN."""
-    n = refusals(stats)
+def assert_only_refusals(stats: dict, dtype=torch.bfloat16, op: str | None = None) -> None:
+    """Every fallback is a probe's refusal (`op`'s own, when given), and there is none where torch runs `dtype`
+    through oneDNN."""
+    n = refusals(stats, op)
     assert stats["fallback"] == n, stats
     if ONEDNN[dtype]:
         assert n == 0, stats
 
 
-def assert_served(stats: dict, dtype=torch.bfloat16) -> None:
-    """Fused calls and no fallback, except probe refusals where torch runs `dtype` outside oneDNN (there
-    an op may have refused every call)."""
-    assert_only_refusals(stats, dtype)
+def assert_served(stats: dict, dtype=torch.bfloat16, op: str | None = None) -> None:
+    """Fused calls and no fallback, except probe refusals (`op`'s own, when given) where torch runs `dtype`
+    outside oneDNN (there an op may have refused every call)."""
+    assert_only_refusals(stats, dtype, op)
     assert stats["fused"] > 0 or (not ONEDNN[dtype] and stats["fallback"] > 0), stats
 
 

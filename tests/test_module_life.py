@@ -18,7 +18,6 @@ oneDNN's bf16 conv), its calls at that dtype must fall back (untouched), not be 
 from __future__ import annotations
 
 import copy
-import functools
 import importlib
 import io
 import warnings
@@ -29,6 +28,7 @@ import torch
 import opgym
 from opgym import ops as table
 from opgym.patch import PatchedForward
+from conftest import exact_here, refusals
 
 pytest.importorskip("transformers")
 
@@ -60,16 +60,10 @@ def _reference(op, dtype):
     return _REF[key]
 
 
-@functools.lru_cache(maxsize=None)
-def _exact_here(op, dtype) -> bool:
-    """Whether the op's own samples say it gives HF's bits at dtype on this CPU (some sample runs)."""
-    return any(s.skip_reason() is None for s in _samples(op).samples(dtype))
-
-
 def _home(op) -> torch.dtype:
     """The dtype the life is lived in: bf16 (HF checkpoints' dtype, where swiglu merges gate|up), or fp32 where
     the op's samples say no form gives HF's bf16 bits on this CPU."""
-    return BF16 if _exact_here(op, BF16) else F32
+    return BF16 if exact_here(op, BF16) else F32
 
 
 def _patch(model, op):
@@ -82,10 +76,10 @@ def _assert_served(h, op, dtype, what):
     """The op's patched modules ran fused (no fallback), or - where its samples say no form is exact at dtype on
     this CPU - fell back, every call."""
     st = h.stats()["ops"][op]
-    if _exact_here(op, dtype):
+    if exact_here(op, dtype):
         assert st["fused"] > 0 and st["fallback"] == 0, f"{op}, {what}: {st}"
-    else:
-        assert st["fused"] == 0 and st["fallback"] > 0, f"{op}, {what} (not exact here at {dtype}): {st}"
+    else:  # left to HF, each call with a refusal the op declares (REFUSALS)
+        assert st["fused"] == 0 and st["fallback"] == refusals(st, op) > 0, f"{op}, {what} (not exact at {dtype}): {st}"
 
 
 def _patched(op, dtype=F32):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,6 +68,11 @@ def test_every_op_declares_its_contract():
             assert names and len(names) == len(set(names)), (op, dt, names)
             assert all(str(s.op).startswith("opgym.") for s in mod.samples(dt))
         assert mod.misuses(), f"{op}: no misuse declared"
+        # a refusal text the op declares (tests/conftest.py matches fallback reasons with it) is one its code gives
+        sources = "".join(p.read_text() for p in Path(table.module(op).__file__).parent.glob("*.py")
+                          if p.name != "samples.py")
+        for text in getattr(mod, "REFUSALS", ()):
+            assert text in sources, f"{op}: REFUSALS names {text!r}, which no reason in its folder contains"
 
 
 @pytest.mark.parametrize("op,dtype,i", EXACT)

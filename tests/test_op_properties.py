@@ -8,7 +8,6 @@ HF without oneDNN's bf16; see its samples.py). `make test` draws a few calls per
 every run); the long suite (`-m full`, `make test-full`) draws many more, at random."""
 from __future__ import annotations
 
-import functools
 import importlib
 
 import pytest
@@ -18,6 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from opgym import ops as table
 from opgym.admission import bits_equal, first_difference
 from opgym.ops.contract import Draw
+from conftest import exact_here
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 QUICK = settings(max_examples=25, deadline=None, derandomize=True, database=None,
@@ -40,9 +40,8 @@ class HypothesisDraw(Draw):
         return self._data.draw(st.integers(lo, hi))
 
 
-@functools.lru_cache(maxsize=None)
 def _dtypes_here(op) -> list:
-    return [dt for dt in DTYPES if any(s.skip_reason() is None for s in _samples(op).samples(dt))]
+    return [dt for dt in DTYPES if exact_here(op, dt)]
 
 
 def _property(op, data):

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_only_refusals, assert_served
+from opgym import SUPPORTED_OPS as OPS  # the ops opgym.patch applies: those of the table with an integration
+from opgym.ops import spec
 
 TINY = ["--testing-tiny", "--text-layers", "1", "--vision-blocks", "1", "--page-size", "112x112",
         "--max-new-tokens", "4", "--repeats", "1", "--warmup", "1", "--no-progress"]
@@ -88,13 +90,11 @@ def test_fused_path_taken_on_cpu(tiny_report):
     assert rep["opgym"]["opgym_op_calls"] == rep["opgym"]["rms_norm_calls_per_prefill"]
     assert rep["baseline"]["opgym_op_calls"] == 0
     per_op = rep["calls"]["per_op"]
-    assert set(per_op) == {"rms_norm", "add_rms_norm", "rotary", "swiglu", "attn_softmax", "patch_embed"}
-    assert_served(per_op["attn_softmax"])
-    assert_served(per_op["patch_embed"])  # AVX2-only CPUs: bf16 conv outside oneDNN, every call refused
-    assert per_op["rotary"]["fused"] > 0 and per_op["rotary"]["fallback"] == 0
-    assert per_op["swiglu"]["fused"] > 0 and per_op["swiglu"]["fallback"] == 0
-    assert per_op["add_rms_norm"]["fused"] > 0 and per_op["add_rms_norm"]["fallback"] == 0
-    assert per_op["add_rms_norm"]["switch"].startswith("OPGYM_ADD_RMS_NORM=0")
+    assert list(per_op) == list(OPS)
+    for op in OPS:
+        # fused, every fallback a refusal the op declares (patch_embed's bf16 conv on an AVX2-only CPU: every call)
+        assert_served(per_op[op], op=op)
+        assert per_op[op]["switch"].startswith(f"{spec(op).switch}=0"), (op, per_op[op]["switch"])
 
 
 def test_top_level_ops_per_decode_step(tiny_report):
@@ -117,9 +117,6 @@ def test_every_op_has_its_share_of_the_prefill(tiny_report):
     """Every op opgym.patch applies gets its share of the profiled prefill on both sides: its sites' forwards
     (HF's on the baseline, the patched ones on the opgym side) and, on the opgym side, the self time of
     its own operators; RMSNorm's figures are its op's."""
-    from opgym import SUPPORTED_OPS as OPS
-    from opgym.ops import spec
-
     rep, r = tiny_report
     b, o = rep["baseline"]["op_shares"], rep["opgym"]["op_shares"]
     assert list(b) == list(OPS) == list(o)
@@ -130,7 +127,7 @@ def test_every_op_has_its_share_of_the_prefill(tiny_report):
         assert be["operator_calls"] == 0 and be["operator_ms"] == 0, (op, be)  # no opgym operator in HF's run
         assert oe["operators"] == [f"opgym::{t}" for t in spec(op).torch_ops]
         if rep["calls"]["per_op"][op]["fused"] == 0:  # every call refused by the op's probe on this CPU
-            assert_served(rep["calls"]["per_op"][op])
+            assert_served(rep["calls"]["per_op"][op], op=op)
             assert oe["operator_calls"] == 0, (op, oe)
             continue
         assert oe["operator_calls"] > 0 and oe["operator_ms"] > 0 and 0 < oe["operator_share"] < 1, (op, oe)
@@ -187,13 +184,11 @@ def test_table_printed(tiny_report):
 
 @pytest.mark.full  # 20 s: a whole run with every switch off
 def test_env_switch_off_gives_identical_logits(tmp_path):
-    """Control for the agreement figures: with the fused paths switched off (OPGYM_RMS_NORM=0,
-    OPGYM_ADD_RMS_NORM=0, OPGYM_ROTARY=0, OPGYM_SWIGLU=0, OPGYM_ATTN_SOFTMAX=0, OPGYM_PATCH_EMBED=0) the
-    patched model runs HF's own forward, every call is a fallback and the logits are bit-identical."""
+    """Control for the agreement figures: with every op's switch off (OPGYM_RMS_NORM=0 and the rest: each op's
+    SPEC.switch) the patched model runs HF's own forward, every call is a fallback and the logits are
+    bit-identical."""
     out = tmp_path / "r.json"
-    r = opgym_run(*TINY, *ONE_THREAD, "--report", str(out), env={"OPGYM_RMS_NORM": "0", "OPGYM_ADD_RMS_NORM": "0",
-                                                                 "OPGYM_ROTARY": "0", "OPGYM_SWIGLU": "0",
-                                                                 "OPGYM_ATTN_SOFTMAX": "0", "OPGYM_PATCH_EMBED": "0"})
+    r = opgym_run(*TINY, *ONE_THREAD, "--report", str(out), env={spec(op).switch: "0" for op in OPS})
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(out.read_text())
     assert rep["calls"]["fused"] == 0 and rep["calls"]["fallback"] > 0
@@ -256,8 +251,8 @@ def test_ablation_one_variant_per_op_and_all(ablation_report):
             (e["decode_tokens_per_s"] / base["decode_tokens_per_s"] - 1) * 100)
         # the variant really ran its own op(s), fused, and only those
         assert set(e["calls"]["per_op"]) == set(e["ops"]), (name, e["calls"])
-        for c in e["calls"]["per_op"].values():
-            assert_served(c)
+        for op, c in e["calls"]["per_op"].items():
+            assert_served(c, op=op)
         # every op is bit-exact on the CPU, alone and together
         assert e["logits_identical"] is True and e["logits_elements_differing"] == 0, (name, e)
         assert e["tokens_identical"] is True, name
@@ -336,8 +331,8 @@ def test_saved_checkpoint_loads_through_model(saved_checkpoint, tmp_path):
     from opgym import SUPPORTED_OPS
 
     assert set(rep["calls"]["per_op"]) == set(SUPPORTED_OPS)
-    for v in rep["calls"]["per_op"].values():
-        assert_served(v)
+    for op, v in rep["calls"]["per_op"].items():
+        assert_served(v, op=op)
     assert rep["agreement"]["tokens_identical"] is True
 
 

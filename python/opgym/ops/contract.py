@@ -13,6 +13,9 @@ of the table (tests/test_op_contract.py), in the manner of PyTorch's OpInfo and 
     drawn(draw, dtype) -> Sample     one call whose shapes, strides, variant and values `draw` (a Draw) picks
                                      within the op's domain, with its reference: tests/test_op_properties.py has
                                      Hypothesis draw them and shrink a failure to the smallest call
+    REFUSALS: tuple[str, ...]        (optional) text in the fallback reasons of the op's probe refusals: a call
+                                     left to HF because no form of the op gives HF's bits on this CPU (the tests
+                                     accept these fallbacks; every declared text must occur in the op's sources)
     LIFE: Life | None                a small seeded HF model the op serves, in one line (`causal_lm("qwen3")`,
                                      `qwen2_5_vl()`): tests/test_module_life.py lives a patched module's life on
                                      it (deepcopy, pickle, dtype moves, load_state_dict, the meta device, undo)
