@@ -241,6 +241,30 @@ class _NoUpcastNorm(_AddNorm):
         return self.weight * (s * torch.rsqrt(v + self.eps)), s
 
 
+class _TwoNormsOfOneSum(_AddNorm):
+    """One sum read by two norms (different weights): one add_rms_norm call, the other norm RMSNorm's alone."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.weight2 = nn.Parameter(1 + 0.3 * torch.randn(d))
+
+    def forward(self, x, residual):
+        s = residual + x
+        return _norm(s, self.weight, self.eps) + _norm(s, self.weight2, self.eps), s
+
+
+def test_a_sum_normed_twice_is_fused_once():
+    torch.manual_seed(0)
+    m = _TwoNormsOfOneSum(64).to(torch.bfloat16).eval()
+    x, r = torch.randn(5, 64).to(torch.bfloat16), torch.randn(5, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        want = m(x, r)
+        h = graph.compile(m)
+        got = m(x, r)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert h.replaced["add_rms_norm"] == 1 and h.replaced["rms_norm"] == 1, h
+
+
 @pytest.mark.parametrize("cls,served", [(_AddNorm, True), (_PromotedAdd, False), (_NormOfOther, False),
                                         (_NoUpcastNorm, False)])
 def test_add_rms_norm_near_misses_stay_as_captured(cls, served):

@@ -52,11 +52,13 @@ def find(graph: fx.Graph) -> list[dict]:
     """Every candidate: an RMSNorm region (rms_norm's matcher) whose input is a plain add."""
     out = []
     order = {n: i for i, n in enumerate(graph.nodes)}
+    taken = set()
     for norm in _norms.find(graph):
         s = norm["x"]
         ab = _plain_add(s)
-        if ab is None:
+        if ab is None or s in taken:  # a sum normed twice: the first norm takes the add, the other is RMSNorm's
             continue
+        taken.add(s)
         if s in norm["nodes"]:  # (cannot happen with rms_norm's matcher; a region never contains its input)
             continue
         residual, x = ab
