@@ -73,6 +73,9 @@ def test_every_op_declares_its_contract():
                           if p.name != "samples.py")
         for text in getattr(mod, "REFUSALS", ()):
             assert text in sources, f"{op}: REFUSALS names {text!r}, which no reason in its folder contains"
+        # calls past 2^31 elements (tests/huge/test_huge_contract.py): a list, or none and the docstring says why
+        assert hasattr(mod, "huge"), f"{op}: samples.py declares no huge() (opgym/ops/contract.py Huge)"
+        assert mod.huge() or (mod.huge.__doc__ or "").strip(), f"{op}: huge() declares no call and says not why"
 
 
 @pytest.mark.parametrize("op,dtype,i", EXACT)

@@ -16,6 +16,8 @@ of the table (tests/test_op_contract.py), in the manner of PyTorch's OpInfo and 
     REFUSALS: tuple[str, ...]        (optional) text in the fallback reasons of the op's probe refusals: a call
                                      left to HF because no form of the op gives HF's bits on this CPU (the tests
                                      accept these fallbacks; every declared text must occur in the op's sources)
+    huge() -> list[Huge]             calls past 2^31 elements (tests/huge/test_huge_contract.py, make test-huge);
+                                     an empty list with a docstring saying why
     LIFE: Life | None                a small seeded HF model the op serves, in one line (`causal_lm("qwen3")`,
                                      `qwen2_5_vl()`): tests/test_module_life.py lives a patched module's life on
                                      it (deepcopy, pickle, dtype moves, load_state_dict, the meta device, undo)
@@ -222,3 +224,67 @@ def qwen2_5_vl() -> Life:
         return got
 
     return Life("qwen2_5_vl", make, "Qwen2_5_VLForConditionalGeneration", inputs)
+
+
+# ---- past 2^31 elements: `huge()` in an op's samples.py, checked by tests/huge/test_huge_contract.py ----------
+
+BIG = (1 << 31) + (1 << 20)  # elements: past 2^31 (int32 offsets overflow) by a margin
+
+
+@dataclass
+class Huge:
+    """One call whose tensors hold more than 2^31 elements (`make test-huge`: ~10 GB, not in `make test`).
+    `make()` builds its arguments (`tiled`: no 2^31 random draws); the op runs once on them; at each of `points`
+    (indices along the dim of size `n`: the first, the middle, around the 2^31-element mark, the last),
+    `cut_at(n)` takes that index of every tensor of the arguments (before the call) and of what the call produced
+    (after; see Sample), and the reference on the cut arguments must equal the cut outputs bit for bit. `when`:
+    as Sample's."""
+    name: str
+    op: object
+    make: Callable[[], tuple]
+    n: int
+    points: list
+    reference: Callable
+    when: Callable[[], str | None] | None = None
+
+    def skip_reason(self) -> str | None:
+        return self.when() if self.when is not None else None
+
+    def cut(self, tensors: tuple, point: int) -> tuple:
+        """Each tensor narrowed to [point, point + 1] along its first dim of size n (a copy); the rest as given."""
+        def one(t):
+            if not isinstance(t, torch.Tensor) or self.n not in t.shape:
+                return t
+            return t.narrow(list(t.shape).index(self.n), point, 1).clone()
+        return tuple(one(t) for t in tensors)
+
+    def run(self, args: tuple) -> tuple:
+        """The call on `args` themselves (no copy: they are gigabytes); what it produced, as Sample.run."""
+        out = self.op(*args)
+        written = Sample(self.name, self.op, args, self.reference).written()
+        if written:
+            return tuple(args[i] for i in written)
+        return out if isinstance(out, tuple) else (out,)
+
+
+def around_2_31(n: int, per: int) -> list:
+    """Indices 0..n-1 along a dim whose step is `per` elements: the ends, the middle and those either side of the
+    2^31-element mark."""
+    mark = (1 << 31) // per
+    return sorted({0, 1, n // 2, mark - 1, mark, mark + 1, n - 2, n - 1} & set(range(n)))
+
+
+def tiled(shape, dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    """A tensor of `shape` past 2^31 elements without drawing them: a seeded block of 1024 rows (of the last dim)
+    tiled, and the last row drawn apart so that the rows checked are not all copies of the block's."""
+    d = shape[-1]
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    g = torch.Generator().manual_seed(seed)
+    block = (torch.randn(min(1024, rows), d, generator=g) * scale).to(dtype)
+    t = torch.empty(rows, d, dtype=dtype)
+    for s in range(0, rows, block.shape[0]):
+        t[s:s + block.shape[0]] = block[:rows - s]
+    t[-1] = (torch.randn(d, generator=g) * scale).to(dtype)
+    return t.view(shape)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..contract import Misuse, Sample, causal_lm, rand, strided
+from ..contract import BIG, Huge, Misuse, Sample, around_2_31, causal_lm, rand, strided, tiled
 from ..rms_norm.samples import gemma, olmo2, qwen2
 
 OPS = torch.ops.opgym
@@ -56,6 +56,15 @@ def drawn(draw, dtype: torch.dtype) -> Sample:
     ref = _seam({"hf": qwen2, "fp32": olmo2, "gemma": gemma}[variant])
     args = (x, r, w, EPS, "hf" if variant == "hf" else "fp32", variant == "gemma")
     return Sample(f"{call} {variant} {tuple(shape)}", getattr(OPS, call).default, args, ref)
+
+
+def huge() -> list[Huge]:
+    """add_rms_norm_ in place on x and residual [2^31 / 2048 + 512, 2048] bf16 (8.6 GB)."""
+    D, R = 2048, BIG // 2048
+    return [Huge(f"add_rms_norm_ [{R}, {D}] bf16", OPS.add_rms_norm_.default,
+                 lambda: (tiled((R, D), torch.bfloat16, 2), tiled((R, D), torch.bfloat16, 3, 8.0),
+                          rand((D,), torch.bfloat16, 4, 0.1) + 1, EPS, "hf", False),
+                 R, around_2_31(R, D), _seam(qwen2))]
 
 
 def misuses() -> list[Misuse]:

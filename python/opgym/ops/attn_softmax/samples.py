@@ -10,7 +10,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from ..contract import Misuse, Sample, causal_lm, rand
+from ..contract import BIG, Huge, Misuse, Sample, around_2_31, causal_lm, rand, tiled
 
 OPS = torch.ops.opgym
 LIFE = causal_lm("mistral")  # a patched module's life (tests/test_module_life.py): 2 heads on 1 kv head
@@ -113,6 +113,15 @@ def drawn(draw, dtype: torch.dtype) -> Sample:
     mask = causal_mask(B, S, S, dtype) if draw.boolean() else None
     return Sample(f"eager B={B} KV={KV} groups={groups} S={S} D={D} mask {mask is not None}", OPS.attn_eager.default,
                   (q, k, v, scale, mask, groups, False), eager)
+
+
+def huge() -> list[Huge]:
+    """attn_softmax_ in place on scores [1, 1, S, 4096] bf16 past 2^31 elements (4.3 GB), text scaling."""
+    T = 4096
+    S = BIG // T + 1
+    return [Huge(f"attn_softmax_ [1, 1, {S}, {T}] bf16", OPS.attn_softmax_.default,
+                 lambda: (tiled((1, 1, S, T), torch.bfloat16, 10, 30.0), TEXT_SCALING), S, around_2_31(S, T),
+                 hf_softmax)]
 
 
 def misuses() -> list[Misuse]:

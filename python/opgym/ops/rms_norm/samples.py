@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..contract import Misuse, Sample, causal_lm, rand, strided
+from ..contract import BIG, Huge, Misuse, Sample, around_2_31, causal_lm, rand, strided, tiled
 
 OPS = torch.ops.opgym
 LIFE = causal_lm("qwen3")  # a patched module's life (tests/test_module_life.py): q/k norms too
@@ -80,6 +80,14 @@ def drawn(draw, dtype: torch.dtype) -> Sample:
     call = draw.choice(("rms_norm", "rms_norm_", "rms_norm_out")) if wdt == dtype else "rms_norm"
     kwargs = {"out": torch.empty(shape, dtype=dtype)} if call == "rms_norm_out" else {}
     return Sample(f"{call} {variant} {tuple(shape)} w {wdt} eps {eps}", getattr(OPS, call).default, args, ref, kwargs)
+
+
+def huge() -> list[Huge]:
+    """rms_norm_ in place on [2^31 / 2048 + 512, 2048] bf16 rows (4.3 GB), Qwen2's variant."""
+    D, R = 2048, BIG // 2048
+    return [Huge(f"rms_norm_ [{R}, {D}] bf16", OPS.rms_norm_.default,
+                 lambda: (tiled((R, D), torch.bfloat16, 0), rand((D,), torch.bfloat16, 1, 0.1) + 1, EPS, "hf", False),
+                 R, around_2_31(R, D), qwen2)]
 
 
 def misuses() -> list[Misuse]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..contract import Misuse, Sample, causal_lm, rand
+from ..contract import BIG, Huge, Misuse, Sample, around_2_31, causal_lm, rand, tiled
 
 OPS = torch.ops.opgym
 LIFE = causal_lm("qwen2")  # a patched module's life (tests/test_module_life.py)
@@ -89,6 +89,17 @@ def drawn(draw, dtype: torch.dtype) -> Sample:
     cos, sin = rand((3, tb, S, D), dtype, draw.seed()), rand((3, tb, S, D), dtype, draw.seed())
     return Sample(f"{call} MRoPE {section} B={B} S={S} H={H} KV={KV}", getattr(OPS, call).default,
                   (q, k, cos, sin, 1, "hf", section), mrope)
+
+
+def huge() -> list[Huge]:
+    """rotary_ in place on HF's transposed q [1, 16, S, 128] past 2^31 elements (4.3 GB) and k [1, 2, S, 128]."""
+    S = BIG // (16 * 128) + 1
+
+    def make():
+        q = tiled((1, S, 16, 128), torch.bfloat16, 5).transpose(1, 2)
+        k = tiled((1, S, 2, 128), torch.bfloat16, 6).transpose(1, 2)
+        return q, k, tiled((1, S, 128), torch.bfloat16, 7), tiled((1, S, 128), torch.bfloat16, 8)
+    return [Huge(f"rotary_ text S={S} bf16", OPS.rotary_.default, make, S, around_2_31(S, 16 * 128), text)]
 
 
 def misuses() -> list[Misuse]:

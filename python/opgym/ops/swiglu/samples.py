@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..contract import Misuse, Sample, causal_lm, rand
+from ..contract import BIG, Huge, Misuse, Sample, around_2_31, causal_lm, rand, tiled
 
 OPS = torch.ops.opgym
 LIFE = causal_lm("gemma", hidden_activation="gelu_pytorch_tanh")  # a patched module's life (tests/test_module_life.py)
@@ -72,6 +72,15 @@ def drawn(draw, dtype: torch.dtype) -> Sample:
     bgu, bd = (rand((2 * i,), dtype, draw.seed(), 0.1), rand((h,), dtype, draw.seed(), 0.1)) if bias else (None, None)
     return Sample(f"mlp {act} rows {n} H {h} I {i} bias {bias}", OPS.swiglu_mlp.default, (x, wgu, bgu, wd, bd, act),
                   mlp)
+
+
+def huge() -> list[Huge]:
+    """swiglu_merged on one gate_up [R, 2 * 2048] bf16 past 2^31 elements (4.3 GB; the up half's offsets beyond
+    2^31)."""
+    W = 2 * 2048
+    R = BIG // W + 1
+    return [Huge(f"swiglu_merged [{R}, {W}] bf16", OPS.swiglu_merged.default,
+                 lambda: (tiled((R, W), torch.bfloat16, 9, 4.0),), R, around_2_31(R, W), merged)]
 
 
 def misuses() -> list[Misuse]:
