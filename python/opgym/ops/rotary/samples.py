@@ -60,12 +60,28 @@ def samples(dtype: torch.dtype) -> list[Sample]:
     return out
 
 
+def _hf_model(name: str):
+    import importlib
+
+    return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+
+
+def interleaved(q, k, cos, sin, *_args, **_kw):
+    """Cohere's apply_rotary_pos_emb: q and k upcast to fp32, adjacent elements paired, cast back."""
+    return _hf_model("cohere").apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def pair_table(q, k, cos, sin, *_args, **_kw):
+    """GPT-OSS's apply_rotary_pos_emb: the halves paired, one table value per pair (cos of width D / 2)."""
+    return _hf_model("gpt_oss").apply_rotary_pos_emb(q, k, cos, sin)
+
+
 def drawn(draw, dtype: torch.dtype) -> Sample:
     """HF's text rotary (batch 1..2, 0..20 positions, 1..4 q heads and 1..4 kv heads, even head dims 2..64, q and
     k as HF's transposed projection views or contiguous, per-batch or shared tables, out of place or in place),
-    MRoPE's three sections (any split of half the head dim) or the vision rotary (fp32 tables over 0..40
-    patches)."""
-    form = draw.choice(("text", "mrope", "vision"))
+    MRoPE's three sections (any split of half the head dim), Cohere's adjacent pairs in fp32 (tables of q's dtype
+    or fp32), GPT-OSS's one table value per pair, or the vision rotary (fp32 tables over 0..40 patches)."""
+    form = draw.choice(("text", "mrope", "vision", "interleaved", "pair_table"))
     D = 2 * draw.integer(3 if form == "mrope" else 1, 32)
     H, KV = draw.integer(1, 4), draw.integer(1, 4)
     if form == "vision":
@@ -80,26 +96,22 @@ def drawn(draw, dtype: torch.dtype) -> Sample:
     else:
         q, k = (rand((B, S, n, D), dtype, draw.seed()).transpose(1, 2) for n in (H, KV))
     tb = draw.choice((1, B))
-    if form == "text":
-        cos, sin = rand((tb, S, D), dtype, draw.seed()), rand((tb, S, D), dtype, draw.seed())
-        return Sample(f"{call} text B={B} S={S} H={H} KV={KV} D={D}", getattr(OPS, call).default, (q, k, cos, sin), text)
+    op = getattr(OPS, call).default
+    what = f"{call} {form} B={B} S={S} H={H} KV={KV} D={D}"
+    if form in ("text", "interleaved", "pair_table"):
+        tdt = draw.choice((dtype, torch.float32)) if form == "interleaved" else dtype
+        W = D // 2 if form == "pair_table" else D
+        cos, sin = rand((tb, S, W), tdt, draw.seed()), rand((tb, S, W), tdt, draw.seed())
+        if form == "text":
+            return Sample(what, op, (q, k, cos, sin), text)
+        if form == "interleaved":
+            return Sample(f"{what} tables {tdt}", op, (q, k, cos, sin, 1, "fp32", None, "interleaved"), interleaved)
+        return Sample(what, op, (q, k, cos, sin, 1, "hf", None, "half", True), pair_table)
     a = draw.integer(1, D // 2 - 2)
     b = draw.integer(1, D // 2 - 1 - a)
     section = [a, b, D // 2 - a - b]
     cos, sin = rand((3, tb, S, D), dtype, draw.seed()), rand((3, tb, S, D), dtype, draw.seed())
-    return Sample(f"{call} MRoPE {section} B={B} S={S} H={H} KV={KV}", getattr(OPS, call).default,
-                  (q, k, cos, sin, 1, "hf", section), mrope)
-
-
-def huge() -> list[Huge]:
-    """rotary_ in place on HF's transposed q [1, 16, S, 128] past 2^31 elements (4.3 GB) and k [1, 2, S, 128]."""
-    S = BIG // (16 * 128) + 1
-
-    def make():
-        q = tiled((1, S, 16, 128), torch.bfloat16, 5).transpose(1, 2)
-        k = tiled((1, S, 2, 128), torch.bfloat16, 6).transpose(1, 2)
-        return q, k, tiled((1, S, 128), torch.bfloat16, 7), tiled((1, S, 128), torch.bfloat16, 8)
-    return [Huge(f"rotary_ text S={S} bf16", OPS.rotary_.default, make, S, around_2_31(S, 16 * 128), text)]
+    return Sample(f"{what} sections {section}", op, (q, k, cos, sin, 1, "hf", section), mrope)
 
 
 def misuses() -> list[Misuse]:
