@@ -114,6 +114,17 @@ def drawn(draw, dtype: torch.dtype) -> Sample:
     return Sample(f"{what} sections {section}", op, (q, k, cos, sin, 1, "hf", section), mrope)
 
 
+def huge() -> list[Huge]:
+    """rotary_ in place on HF's transposed q [1, 16, S, 128] past 2^31 elements (4.3 GB) and k [1, 2, S, 128]."""
+    S = BIG // (16 * 128) + 1
+
+    def make():
+        q = tiled((1, S, 16, 128), torch.bfloat16, 5).transpose(1, 2)
+        k = tiled((1, S, 2, 128), torch.bfloat16, 6).transpose(1, 2)
+        return q, k, tiled((1, S, 128), torch.bfloat16, 7), tiled((1, S, 128), torch.bfloat16, 8)
+    return [Huge(f"rotary_ text S={S} bf16", OPS.rotary_.default, make, S, around_2_31(S, 16 * 128), text)]
+
+
 def misuses() -> list[Misuse]:
     q, k = _text_qk(3, torch.bfloat16, 0, H=4, KV=2, D=8)
     cos, sin = rand((1, 3, 8), torch.bfloat16, 1), rand((1, 3, 8), torch.bfloat16, 2)
