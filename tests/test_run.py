@@ -21,7 +21,9 @@ from opgym import SUPPORTED_OPS as OPS  # the ops opgym.patch applies: those of 
 from opgym.ops import spec
 
 TINY = ["--testing-tiny", "--text-layers", "1", "--vision-blocks", "1", "--page-size", "112x112",
-        "--max-new-tokens", "4", "--repeats", "1", "--warmup", "1", "--no-progress"]
+        "--max-new-tokens", "4", "--repeats", "1", "--warmup", "1", "--no-progress", "--no-graph"]
+# --no-graph: the graph side (opgym.compile) costs Dynamo's captures, about 40 s of a tiny run on the loaded
+# 2-core machine (25 s -> 65 s); test_graph_side_beside_patch_and_hf runs it, marked full.
 # The runs that are not about threads force one: the tiny model's ops are too small to gain from a
 # second thread, and on a loaded 2-core machine that thread waits for a core (a tiny run took 19 s
 # with torch's default of 2 against 11 s with 1 while a build ran beside it). tiny_report keeps the default.
@@ -194,6 +196,38 @@ def test_env_switch_off_gives_identical_logits(tmp_path):
     assert rep["calls"]["fused"] == 0 and rep["calls"]["fallback"] > 0
     assert rep["agreement"]["logits_max_abs_diff"] == 0.0
     assert rep["agreement"]["tokens_identical"] is True
+
+
+@pytest.mark.full  # 65 s on the loaded 2-core machine (25 s without the graph side): Dynamo's captures
+def test_graph_side_beside_patch_and_hf(tmp_path):
+    """The graph side (opgym.compile) in the same run as HF eager and opgym.patch: timed in the same rounds
+    (each of its runs next to a baseline run), its greedy tokens and logits HF eager's bit for bit, its graphs
+    counted once warmed up with no recompilation in the timed rounds (switching sides keeps Dynamo's graphs),
+    its first call's wall time beside HF eager's, regions replaced for every op served there, and the table."""
+    out = tmp_path / "r.json"
+    args = [a for a in TINY if a != "--no-graph"]
+    args[args.index("--repeats") + 1] = "2"
+    r = opgym_run(*args, *ONE_THREAD, "--report", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "Graph break" not in r.stderr, r.stderr
+    rep = json.loads(out.read_text())
+    g = rep["graph"]
+    assert g["tokens_identical"] is True and g["tokens"] == rep["agreement"]["baseline_tokens"]
+    assert g["first_divergence"] is None
+    assert g["logits_identical"] is True and g["logits_elements_differing"] == 0
+    assert len(g["prefill_ms_runs"]) == len(g["decode_tokens_per_s_runs"]) == 2
+    assert len(rep["baseline"]["prefill_ms_runs"]) == 4  # next to the opgym side and next to the graph side
+    for k in ("prefill_ratio_vs_hf", "decode_time_ratio_vs_hf", "patch_prefill_ratio_vs_hf",
+              "patch_decode_time_ratio_vs_hf"):
+        assert g[k] > 0, (k, g[k])
+    assert g["graphs"] == g["graphs_after_warmup"] > 0 and g["recompiles_in_timed_rounds"] == 0, g
+    assert g["first_calls_ms"]["forward_ms"] > 0 and g["baseline_first_calls_ms"]["forward_ms"] > 0
+    assert g["first_call_compile_ms"] == g["first_calls_ms"]["forward_ms"] - g["baseline_first_calls_ms"]["forward_ms"]
+    assert g["calls"]["fused"] > 0 and g["calls"]["fallback"] == 0, g["calls"]
+    served = {op for op, v in rep["calls"]["per_op"].items() if v["fused"]}  # what opgym.patch serves here
+    assert served <= set(g["replaced"]), (served, g["replaced"])
+    for text in ("three sides", "opgym.compile", "graphs compiled", "first-call compile time"):
+        assert text in r.stdout, text
 
 
 def _torch_default_threads() -> int:

@@ -28,6 +28,14 @@ the same way:
 The timed rounds alternate the sides (baseline-opgym, opgym-baseline, ...) so that both see the same
 machine; under --compile the sides run one after the other instead.
 
+The graph side (unless --no-graph; not under --ablation or --compile): the same model through the exact
+graph path, opgym.compile(model), compiled once and switched like the patched side (its compiled call
+dropped while another side runs, Dynamo's graphs kept). It is warmed up and timed as the opgym side is, in
+the same rounds, each of its runs next to a baseline run; the report's `graph` section (compare.graph_section)
+gives its prefill and decode-time ratios to HF eager beside opgym.patch's, its logits and greedy tokens
+against HF's bit for bit, the number of graphs Dynamo compiled (and any recompilation in the timed rounds),
+and its first calls' wall times against HF eager's (the capture, rewrite and probes happen there).
+
 --fast makes the opgym side opgym.patch(model, exact=False): the fast tier, whose bits differ from HF's.
 --fast and --compile add the accuracy section (run/accuracy.py): HF eager as the reference, and opgym
 exact, opgym fast, HF and opgym under torch.compile, each measured against it alike (ulps of the logits,
@@ -114,6 +122,7 @@ def _main(args) -> int:
     dtype = getattr(torch, args.dtype)
 
     n_var = len(ops) + 1 if args.ablation else 1  # the all-ops side, plus each op alone under --ablation
+    n_var += 1 if graph_side(args) else 0  # the graph side (opgym.compile)
     steps = 2 + (n_var + 1) * args.warmup + 4 * n_var * args.repeats + 2 + 2
     if args.fast or args.compile:
         from .accuracy import section_steps
@@ -124,6 +133,12 @@ def _main(args) -> int:
         return _run(args, M, opgym, ops, page, image, dtype, progress, fast)
     finally:
         progress.close()
+
+
+def graph_side(args) -> bool:
+    """Whether the run has the graph side (opgym.compile): in the plain A/B and under --fast, unless
+    --no-graph; not under --ablation (each op alone) nor --compile (every side under torch.compile)."""
+    return not (args.no_graph or args.ablation or args.compile)
 
 
 def _fast_selection(value) -> tuple | None:
@@ -162,9 +177,11 @@ def _run(args, M, opgym, ops, page, image, dtype, progress, fast=None) -> int:
     base = sides.baseline()
     opt = sides.patched("opgym", ops, True, fast=fast)
     singles = [sides.patched(f"opgym {op} only", (op,), False) for op in ops] if args.ablation else []
+    graph = [sides.graph("graph (opgym.compile)")] if graph_side(args) else []
     mem = PeakMemory(device)
     sites = op_sites(model)  # each op's sites, taken on the model as built (both sides label the same modules)
-    measure(model, inputs, args, device, progress, base, [*singles, opt], mem, sites, profiled_sides=(base, opt))
+    measure(model, inputs, args, device, progress, base, [*singles, opt, *graph], mem, sites,
+            profiled_sides=(base, opt))
 
     progress.step("opgym: each RMSNorm output against HF's on the same input (one prefill, uncompiled)")
     h = opgym.patch(model, ops=ops)
@@ -183,6 +200,10 @@ def _run(args, M, opgym, ops, page, image, dtype, progress, fast=None) -> int:
     agreement = compare.agreement(base_logits, opt_logits, base.tokens, opt.tokens)
     agreement["rms_norm_outputs"] = exactness
     ablation = compare.ablation(base, singles, opt, base_logits, opt_logits) if args.ablation else None
+    graph_out = None
+    if graph:
+        graph_out = compare.graph_section(base, graph[0], opt, base_logits, graph[0].logits.load(),
+                                          agreement["logits_elements_differing"])
     del base_logits, opt_logits
     progress.done()
     accuracy = None
@@ -203,6 +224,8 @@ def _run(args, M, opgym, ops, page, image, dtype, progress, fast=None) -> int:
         "agreement": agreement,
         "calls": calls,
     }
+    if graph_out is not None:
+        out["graph"] = graph_out
     if accuracy is not None:
         out["accuracy"] = accuracy
     if ablation is not None:

@@ -1,9 +1,10 @@
 """What the sides' outputs say about each other: the prefill logits and greedy tokens (opgym vs the
-baseline), each RMSNorm output against HF's on the same input, and the --ablation variants' bits."""
+baseline), each RMSNorm output against HF's on the same input, the --ablation variants' bits, and the
+graph side (opgym.compile) against HF eager and opgym.patch."""
 from __future__ import annotations
 
 from ..numerics import ulp_distance
-from .measure import pct, spread_entry
+from .measure import median, pct, spread_entry
 from ..ops.rms_norm.integration import find_rms_norms
 
 
@@ -113,4 +114,68 @@ def ablation(base, singles, opt, base_logits, opt_logits) -> dict:
                         "ones), so the baseline has repeats x variants runs; change_pct = (variant median - "
                         "baseline median) / baseline median; logits: the warm-up's full-logits prefill, every "
                         "position, compared bit for bit; tokens: the timed greedy generates"),
+    }
+
+
+def _ratio(v, b):
+    return v / b if v is not None and b not in (None, 0) else None
+
+
+def graph_section(base, graph, opt, base_logits, graph_logits, patch_logits_differing: int) -> dict:
+    """The report's `graph`: the exact graph path (opgym.compile) as a third side, timed in the same interleaved
+    rounds as opgym.patch (each next to a baseline run): prefill and decode-time ratios to HF eager (the
+    baseline's median over all its runs) beside opgym.patch's, its logits (the warm-up's full-logits forward,
+    every position) and greedy tokens against HF's bit for bit, the graphs Dynamo compiled (after the warm-up,
+    and in all: more in all is a recompilation during the timed rounds), the first calls' wall times (the
+    graph side's capture, rewrite and probes happen there) beside HF eager's same calls, the regions replaced
+    and left as captured per op, and the calls fused / fallen back as the patched side counts them."""
+    h = graph.handle
+    b, g, o = spread_entry(base), spread_entry(graph), spread_entry(opt)
+    differing = _bit_differing(base_logits, graph_logits)
+    first = None
+    for i, (x, y) in enumerate(zip(base.tokens or [], graph.tokens or [])):
+        if x != y:
+            first = i
+            break
+    fc, bfc = graph.first_calls, base.first_calls
+    c = graph.counts
+    return {
+        **g,
+        "generate_s": median(graph.totals),
+        "time_to_first_token_ms": median(graph.ttfts),
+        "peak_memory_mb": max(graph.peaks) if graph.peaks else None,
+        "prefill_ratio_vs_hf": _ratio(g["prefill_ms"], b["prefill_ms"]),
+        "decode_time_ratio_vs_hf": _ratio(b["decode_tokens_per_s"], g["decode_tokens_per_s"]),
+        "patch_prefill_ratio_vs_hf": _ratio(o["prefill_ms"], b["prefill_ms"]),
+        "patch_decode_time_ratio_vs_hf": _ratio(b["decode_tokens_per_s"], o["decode_tokens_per_s"]),
+        "logits_identical": differing == 0,
+        "logits_elements_differing": differing,
+        "tokens_identical": graph.tokens == base.tokens,
+        "first_divergence": first,
+        "tokens": graph.tokens,
+        "patch_logits_identical": patch_logits_differing == 0,
+        "patch_tokens_identical": opt.tokens == base.tokens,
+        "graphs": h.graphs,
+        "graphs_after_warmup": graph.graphs_after_warmup,
+        "recompiles_in_timed_rounds": (h.graphs - graph.graphs_after_warmup
+                                       if graph.graphs_after_warmup is not None else None),
+        "compile_setup_ms": graph.setup_ms,
+        "first_calls_ms": dict(fc),
+        "baseline_first_calls_ms": dict(bfc),
+        "first_call_compile_ms": (fc["forward_ms"] - bfc["forward_ms"]
+                                  if fc.get("forward_ms") is not None and bfc.get("forward_ms") is not None else None),
+        "replaced": dict(h.replaced),
+        "skipped": {op: dict(why) for op, why in h.skipped.items()},
+        "calls": {"fused": c["fused"], "fallback": c["fallback"], "reasons": c["reasons"],
+                  "per_op": {op: {"fused": v["fused"], "fallback": v["fallback"], "reasons": v["reasons"]}
+                             for op, v in c["ops"].items()}},
+        "measured_as": ("one process, one model: opgym.compile(model) once, its compiled call dropped whenever "
+                        "another side runs and put back after (Dynamo's graphs kept); each timed round runs it next "
+                        "to a baseline run as the opgym side is (baseline first in even rounds), so the baseline's "
+                        "medians are over both pairings; ratios: side median / HF eager median (prefill ms; decode "
+                        "time per token = HF tokens/s / side tokens/s); first_call_compile_ms: the graph side's "
+                        "first full-logits forward (Dynamo capture, opgym's rewrite and probes, the run) minus HF "
+                        "eager's first one; logits: the warm-up's full-logits forward, every position, bit for bit; "
+                        "tokens: the timed greedy generates. In generate, transformers encodes the image outside "
+                        "the compiled call: the vision tower is served in the forwards, not in generate"),
     }

@@ -161,12 +161,26 @@ def measure(model, inputs, args, device, progress, base, variants, mem, sites, p
 
     def warmup(side, i):
         progress.step(f"{side.name}: warm-up {i + 1}/{args.warmup} (full-logits forward, prefill, generate)")
+        t = [time.perf_counter()]
         o = model(**inputs, use_cache=False)
+        sync()
+        t.append(time.perf_counter())
         if side.logits is None:
             side.logits = Stash(o.logits)  # compared in `agreement`; kept on disk meanwhile
         del o
-        prefill()  # the timed call itself (under --compile, its own graph)
+        t.append(time.perf_counter())
+        prefill()  # the timed call itself (under --compile and on the graph side, its own graphs)
+        sync()
+        t.append(time.perf_counter())
         model.generate(**inputs, **gen_kwargs)
+        sync()
+        t.append(time.perf_counter())
+        if i == 0:  # on the graph side the calls that capture and rewrite (each input signature's first)
+            side.first_calls = {"forward_ms": (t[1] - t[0]) * 1e3, "prefill_ms": (t[3] - t[2]) * 1e3,
+                                "generate_ms": (t[4] - t[3]) * 1e3}
+        handle = getattr(side, "handle", None)
+        if handle is not None:
+            side.graphs_after_warmup = handle.graphs
         progress.done()
 
     def timed(side, r):

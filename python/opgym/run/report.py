@@ -162,6 +162,62 @@ def _print_op_shares(c, b: dict, o: dict) -> None:
     c.print(t)
 
 
+def _x(v) -> str:
+    return f"{v:.3f}x" if v is not None else "n/a"
+
+
+def print_graph(r: dict) -> None:
+    """The graph side (opgym.compile) beside HF eager and opgym.patch: one process, the same rounds."""
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console() if sys.stdout.isatty() else Console(width=120)
+    g, b, o, ag = r["graph"], r["baseline"], r["opgym"], r["agreement"]
+    n_base = len(b["prefill_ms_runs"])
+    t = Table(title=f"three sides, one process, interleaved: HF eager, opgym.patch, opgym.compile (the exact graph "
+                    f"path); medians of {len(g['prefill_ms_runs'])} runs per side ({n_base} of HF eager, next to each); "
+                    f"(x) = ratio to HF eager, lower is faster")
+    t.add_column("metric")
+    t.add_column("HF eager", justify="right")
+    t.add_column("opgym.patch" + (" (fast tier)" if r["config"].get("fast") is not None else ""), justify="right")
+    t.add_column("opgym.compile", justify="right")
+
+    def ms_per_token(rate):
+        return 1e3 / rate if rate else None
+
+    def yes(flag, detail=""):
+        return "[green]yes[/green]" if flag else f"[red]no[/red]{detail}"
+
+    t.add_row("prefill (ms, median)", _fmt(b["prefill_ms"]), f"{_fmt(o['prefill_ms'])} ({_x(g['patch_prefill_ratio_vs_hf'])})",
+              f"{_fmt(g['prefill_ms'])} ({_x(g['prefill_ratio_vs_hf'])})")
+    t.add_row("decode (ms per token, median)", _fmt(ms_per_token(b["decode_tokens_per_s"]), 2),
+              f"{_fmt(ms_per_token(o['decode_tokens_per_s']), 2)} ({_x(g['patch_decode_time_ratio_vs_hf'])})",
+              f"{_fmt(ms_per_token(g['decode_tokens_per_s']), 2)} ({_x(g['decode_time_ratio_vs_hf'])})")
+    t.add_row("greedy tokens identical to HF eager", "", yes(ag["tokens_identical"]),
+              yes(g["tokens_identical"], f", first divergence at token {g['first_divergence']}"))
+    t.add_row("logits identical to HF eager (bits, every position)", "",
+              yes(g["patch_logits_identical"], f", {ag['logits_elements_differing']:,} differ"),
+              yes(g["logits_identical"], f", {_fmt(g['logits_elements_differing'])} differ"))
+    rec = g["recompiles_in_timed_rounds"]
+    t.add_row("graphs compiled (after warm-up / in all)", "", "",
+              f"{_fmt(g['graphs_after_warmup'])} / {g['graphs']}" + (f" [red]({rec} in the timed rounds)[/red]" if rec else ""))
+    fc, bfc = g["first_calls_ms"], g["baseline_first_calls_ms"]
+    t.add_row("first call: full-logits forward (ms)", _fmt(bfc.get("forward_ms")), "", _fmt(fc.get("forward_ms")))
+    t.add_row("  first-call compile time (ms, vs HF eager's)", "", "", _fmt(g["first_call_compile_ms"]))
+    t.add_row("first prefill / first generate (ms)", f"{_fmt(bfc.get('prefill_ms'))} / {_fmt(bfc.get('generate_ms'))}",
+              "", f"{_fmt(fc.get('prefill_ms'))} / {_fmt(fc.get('generate_ms'))}")
+    t.add_row("peak memory (MB)", _fmt(b["peak_memory_mb"], 0), _fmt(o["peak_memory_mb"], 0), _fmt(g["peak_memory_mb"], 0))
+    t.add_row("regions replaced (graph) per op", "", "",
+              ", ".join(f"{op} {n}" for op, n in g["replaced"].items()) or "none")
+    calls = g["calls"]
+    t.add_row("calls fused / fallback", "", f"{_fmt(r['calls']['fused'])} / {_fmt(r['calls']['fallback'])}",
+              f"{_fmt(calls['fused'])} / {_fmt(calls['fallback'])}")
+    c.print(t)
+    left = "; ".join(f"{op}: " + ", ".join(f"{why} ({n})" for why, n in whys.items()) for op, whys in g["skipped"].items())
+    if left:
+        c.print(f"  graph path, left as captured: {left}", soft_wrap=True)
+
+
 def _variant_rows(ab: dict):
     """(name, entry) for the baseline, each op alone, then all: the order of the table and the chart."""
     yield "baseline", ab["baseline"]
@@ -321,6 +377,8 @@ def emit(report: dict, args) -> None:
     """The tables on stdout; the JSON at --report; the --ablation chart at its plot path."""
     ablation = report.get("ablation")
     print_report(report)
+    if report.get("graph") is not None:
+        print_graph(report)
     if ablation is not None:
         print_ablation(report)
     if report.get("accuracy") is not None:

@@ -1,8 +1,10 @@
 """The sides of the A/B on one model object: the baseline (HF as built), the opgym side (patched,
-undone whenever another side runs) and, under --ablation, one patched side per op alone."""
+undone whenever another side runs), the graph side (opgym.compile, its compiled call dropped whenever
+another side runs and put back after) and, under --ablation, one patched side per op alone."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 from .options import UsageError
@@ -18,6 +20,8 @@ class Side:
         self.prefill_ms, self.rates, self.totals, self.ttfts, self.peaks = [], [], [], [], []
         self.tokens = None
         self.profile = {}
+        self.first_calls = {}  # the first warm-up's calls, wall ms: forward (full logits), prefill, generate
+        self.graphs_after_warmup = None  # the graph side: the handle's graphs once warmed up
 
     def on(self):
         self._on()
@@ -97,23 +101,57 @@ class Sides:
         def off():
             h, handle[0] = handle[0], None
             self.compile_off()
-            st = h.stats()
-            counts["fused"] += st["fused"]
-            counts["fallback"] += st["fallback"]
-            for r, n in st["reasons"].items():
-                counts["reasons"][r] = counts["reasons"].get(r, 0) + n
-            for key, per in (("ops", st["ops"]), ("fast", st.get("fast", {}).get("ops", {}))):
-                for op, o in per.items():
-                    acc = counts[key].setdefault(op, {"fused": 0, "fallback": 0, "reasons": {}})
-                    acc["fused"] += o["fused"]
-                    acc["fallback"] += o["fallback"]
-                    for r, n in o["reasons"].items():
-                        acc["reasons"][r] = acc["reasons"].get(r, 0) + n
+            _add_stats(counts, h.stats())
             h.undo()
 
         side = Side(name, on, off)
         side.ops, side.counts, side.fast, side.fast_notes = tuple(side_ops), counts, None, {}
         return side
+
+
+    def graph(self, name: str = "graph") -> Side:
+        """The exact graph path: on() is opgym.compile(model) the first time (Dynamo captures at the first
+        call of each input signature; the capture and rewrite time is the side's first calls'), then puts
+        the same compiled call back, so that switching keeps Dynamo's compiled graphs (no recompilation per
+        switch); off() runs the model's own call again (handle.undo()). side.handle is the GraphHandle; its
+        call counters are summed into side.counts at each off(), as the patched sides' are."""
+        state = {"impl": None}
+        counts = {"fused": 0, "fallback": 0, "reasons": {}, "ops": {}, "fast": {}}
+
+        def on():
+            if side.handle is None:
+                # Dynamo logs each graph break (HF's vision tower has some: .item(), data-dependent shapes) as a
+                # warning of many lines on stderr, through the progress display; the graph counts are reported
+                logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
+                t0 = time.perf_counter()
+                side.handle = self.opgym.compile(self.model)
+                side.setup_ms = (time.perf_counter() - t0) * 1e3
+                state["impl"] = self.model._compiled_call_impl
+            else:
+                self.model._compiled_call_impl = state["impl"]
+            side.handle.reset_stats()
+
+        def off():
+            _add_stats(counts, side.handle.stats())
+            side.handle.undo()
+
+        side = Side(name, on, off)
+        side.ops, side.counts, side.handle, side.setup_ms = ("graph",), counts, None, None
+        return side
+
+
+def _add_stats(counts: dict, st: dict) -> None:
+    counts["fused"] += st["fused"]
+    counts["fallback"] += st["fallback"]
+    for r, n in st["reasons"].items():
+        counts["reasons"][r] = counts["reasons"].get(r, 0) + n
+    for key, per in (("ops", st["ops"]), ("fast", st.get("fast", {}).get("ops", {}))):
+        for op, o in per.items():
+            acc = counts[key].setdefault(op, {"fused": 0, "fallback": 0, "reasons": {}})
+            acc["fused"] += o["fused"]
+            acc["fallback"] += o["fallback"]
+            for r, n in o["reasons"].items():
+                acc["reasons"][r] = acc["reasons"].get(r, 0) + n
 
 
 def calls_section(opt: Side, model, compiled: bool) -> dict:
