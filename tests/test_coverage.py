@@ -87,3 +87,17 @@ def test_patch_never_raises(report):
     """opgym.patch accepts any model: with nothing to serve it returns a handle that says so."""
     bad = [f"{r['type']}: {r['error']}" for r in report["results"] if r["status"] == "patch raised"]
     assert not bad, "\n".join(bad)
+
+
+def test_summary_counts_types_per_op():
+    """summarize's per-op figures: the types in which each op ran fused calls, and those in which it patched
+    modules (--path patch) or replaced regions (--path graph); an op counted once per type, in the table's
+    order, ops with no type left out."""
+    rs = [{"type": "a", "status": "ok", "identical": True, "fused": {"swiglu": 3, "rms_norm": 2},
+           "patched": {"rms_norm": 1, "swiglu": 1, "rotary": 1}},
+          {"type": "b", "status": "ok", "identical": True, "fused": {"rms_norm": 5}, "patched": {"rms_norm": 2}},
+          {"type": "c", "status": "could not build", "error": "x"}]
+    s = coverage.summarize({"results": rs})
+    assert s["fused_types_by_op"] == {"rms_norm": 2, "swiglu": 1}
+    assert list(s["fused_types_by_op"]) == [op for op in OPS if op in ("rms_norm", "swiglu")]
+    assert s["patched_types_by_op"] == {op: n for op, n in (("rms_norm", 2), ("rotary", 1), ("swiglu", 1))}

@@ -66,7 +66,18 @@ def summarize(report: dict) -> dict:
         "could_not_build": sorted(r["type"] for r in rs if r["status"] == "could not build"),
         "timed_out": sorted(r["type"] for r in rs if r["status"] == "timed out"),
         "image_inputs": len([r for r in rs if str(r.get("inputs", "")).startswith("image")]),
+        "fused_types_by_op": _types_by_op(rs, "fused"),
+        "patched_types_by_op": _types_by_op(rs, "patched"),
     }
+
+
+def _types_by_op(results, key: str) -> dict:
+    """{op: types whose result[key][op] > 0}, in the op table's order: key "fused", the types in which the op
+    ran fused calls; "patched", those in which opgym.patch patched modules for it (--path patch) or
+    opgym.compile replaced regions (--path graph)."""
+    from ..ops import OPS
+
+    return {op: n for op in OPS if (n := len([r for r in results if (r.get(key) or {}).get(op)]))}
 
 
 def _verdict(r: dict) -> str:
@@ -103,6 +114,10 @@ def print_table(report: dict, file=None) -> None:
                   f"{len(s['forward_failed'])} forward failed, {len(s['could_not_build'])} could not build, "
                   f"{len(s['timed_out'])} timed out; "
                   f"{s['image_inputs']} fed images; {report['seconds']} s")
+    what = "regions replaced" if report.get("path") == "graph" else "modules patched"
+    console.print(f"types per op (path {report.get('path', 'patch')}): fused calls: "
+                  + (", ".join(f"{op} {n}" for op, n in s["fused_types_by_op"].items()) or "none")
+                  + f"; {what}: " + (", ".join(f"{op} {n}" for op, n in s["patched_types_by_op"].items()) or "none"))
 
 
 def add_arguments(p) -> None:
