@@ -205,3 +205,22 @@ test-hf-ci:
 # Every family tests/hf knows (tests/hf/fetch.py MODELS).
 test-hf-full:
 	$(MAKE) --no-print-directory test-hf HF_TEST_ARGS=""
+
+# The coverage list (Liger-Kernel 0.8.5's types plus Qwen2.5-VL) through the exact graph path
+# (opgym.compile) under the newest transformers pip can install (issue 31: a release that changes only
+# names or decorators must cost no code). A venv of its own, .venv-tf-next: requirements.txt with
+# transformers swapped to TF_NEXT (the rest pinned alike, the same torch); it runs the sources in python/
+# with the extension the project venv built (same torch build, so the same ABI), as coverage-old does.
+# Fails on any changed logit or a raising compiled forward. Not in `make test` (the lead weighs its time).
+TF_NEXT ?= 5.24.0
+VENV_NEXT := .venv-tf-next
+$(VENV_NEXT)/.requirements-$(TF_NEXT): requirements.txt
+	test -x $(VENV_NEXT)/bin/python || python3 -m venv $(VENV_NEXT)
+	sed 's/^transformers==.*/transformers==$(TF_NEXT)/' requirements.txt > $(VENV_NEXT)/requirements.txt
+	$(VENV_NEXT)/bin/python -m pip install -q --disable-pip-version-check -r $(VENV_NEXT)/requirements.txt
+	rm -f $(VENV_NEXT)/.requirements-*
+	touch $@
+.PHONY: test-graph-next
+test-graph-next: install-python $(VENV_NEXT)/.requirements-$(TF_NEXT)
+	cp $$($(PY) -c 'import opgym, os; print(os.path.dirname(opgym.__file__))')/_C.so python/opgym/_C.so
+	PYTHONPATH=python $(VENV_NEXT)/bin/python -m opgym.cli coverage --list liger --path graph $(GRAPH_NEXT_ARGS)
