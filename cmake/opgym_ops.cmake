@@ -6,7 +6,9 @@
 #   opgym_cases         its CASES; its RUNNERS go into the generated runner table (keyed by exact name)
 #   opgym_tests         its TESTS             opgym_cuda_tests   its CUDA_TESTS
 #   opgym_bench         its BENCH             fuzz_<x>           one per FUZZ file <x>_fuzz.cpp
-#   opgym/_C.so         its TORCH files (and TORCH_CUDA files when torch and the core have CUDA)
+#   opgym/_stable.so    its TORCH_STABLE files (torch's stable ABI: one compile for every torch release)
+#   opgym/_C.so         its TORCH files (and TORCH_CUDA files when torch and the core have CUDA): built
+#                       against one torch; ops move from here to TORCH_STABLE one by one
 #
 # opgym_add_op(<name>
 #   SOURCES     files...          the front, the golden, ... (compiled into libopgym)
@@ -23,8 +25,11 @@
 #   BENCH       files...          Google Benchmark sources (opgym_bench)
 #   FUZZ        files...          libFuzzer targets, each <x>_fuzz.cpp -> fuzz_<x> (OPGYM_FUZZ=ON;
 #                                 listed in <build>/fuzz_targets.txt, which scripts/fuzz.sh runs)
-#   TORCH       files...          the torch binding (CPU, Meta, Autograd kernels; schemas with
-#                                 TORCH_LIBRARY_FRAGMENT), paths relative to python/opgym/ops/<name>/
+#   TORCH_STABLE files...         the torch binding's kernels on the stable ABI (CPU kernels with
+#                                 STABLE_TORCH_LIBRARY_IMPL; schemas, fake kernels and autograd rules
+#                                 in the op's meta.py), paths relative to python/opgym/ops/<name>/
+#   TORCH       files...          a torch binding on one torch's C++ API (CPU, Meta, Autograd kernels;
+#                                 schemas with TORCH_LIBRARY_FRAGMENT), same folder
 #   TORCH_CUDA  files...          its CUDA kernels' binding, same folder
 #   LIBRARIES   targets...        extra libraries the op builds itself (linked into opgym_cases, so the
 #                                 runner, tests, bench and fuzz targets have them; installed and exported)
@@ -32,7 +37,7 @@
 #   CORE_INCLUDE_DIRS dirs...     include directories for this op's SOURCES and KERNELS only
 #   CORE_LIBRARIES libs...        libraries libopgym links privately because of this op
 # )
-# Relative paths are the op folder's (the caller's CMAKE_CURRENT_SOURCE_DIR), except TORCH/TORCH_CUDA.
+# Relative paths are the op folder's (the caller's CMAKE_CURRENT_SOURCE_DIR), except TORCH*.
 include_guard(GLOBAL)
 
 # One translation unit per instruction set; the front picks one at run time. The AVX-512 one is
@@ -44,7 +49,7 @@ set(OPGYM_ISA_FLAGS_avx2 -mavx2 -mfma -mf16c)
 set(OPGYM_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx2 -mfma -mf16c
     -mtune=sapphirerapids -Wno-maybe-uninitialized -Wno-uninitialized)
 
-set(_OPGYM_OP_KINDS SOURCES KERNELS CUDA CASES TESTS CUDA_TESTS BENCH FUZZ TORCH TORCH_CUDA LIBRARIES CORE_LIBRARIES)
+set(_OPGYM_OP_KINDS SOURCES KERNELS CUDA CASES TESTS CUDA_TESTS BENCH FUZZ TORCH TORCH_STABLE TORCH_CUDA LIBRARIES CORE_LIBRARIES)
 
 function(_opgym_abs out base)
   set(files)
@@ -78,7 +83,7 @@ function(opgym_add_op name)
 
   set(here "${CMAKE_CURRENT_SOURCE_DIR}")
   set(torch_dir "${PROJECT_SOURCE_DIR}/python/opgym/ops/${name}")
-  foreach(kind SOURCES KERNELS CUDA CASES TESTS CUDA_TESTS BENCH FUZZ TORCH TORCH_CUDA)
+  foreach(kind SOURCES KERNELS CUDA CASES TESTS CUDA_TESTS BENCH FUZZ TORCH TORCH_STABLE TORCH_CUDA)
     if(kind MATCHES "^TORCH")
       _opgym_abs(files "${torch_dir}" ${OP_${kind}})
     else()

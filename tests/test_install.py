@@ -26,8 +26,9 @@ _SCRIPT = r"""
 import warnings, torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 import opgym
-assert not opgym.available()
-print("LOAD_ERROR", opgym.load_error())
+from opgym import _library
+print("AVAILABLE", opgym.available())
+print("LOAD_ERROR", opgym.load_error() or _library._native_error)
 cfg = Qwen2Config(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=2, intermediate_size=37)
 torch.manual_seed(0); m = Qwen2ForCausalLM(cfg).eval()
@@ -37,30 +38,54 @@ with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
     h1 = opgym.patch(m)
     h2 = opgym.patch(m)
-print("WARNINGS", len([x for x in w if "opgym.patch" in str(x.message)]))
+print("WARNINGS", len([x for x in w if "opgym.patch" in str(x.message) and "served:" in str(x.message)
+                       or "left as it is" in str(x.message)]))
 print("ACTIVE", h1.active, h2.active, sorted(h1.skipped))
 with torch.no_grad():
     print("SAME", torch.equal(m(ids).logits, ref(ids).logits))
 print("FORWARDS", sum("forward" in mod.__dict__ for mod in m.modules()))
+print("FUSED", h1.stats()["fused"])
 try:
     opgym.rms_norm(torch.ones(2, 4), torch.ones(4))
+    print("OPERROR", "none")
 except RuntimeError as e:
     print("OPERROR", "cannot load" in str(e))
 """
 
 
-def test_a_broken_extension_leaves_import_and_patch_working(tmp_path):
-    """The installed package copied with its _C.so replaced by a file that is no library (what a user with
-    another torch release meets, in kind: the load fails): everything still imports and runs HF's code."""
+def _run_with(tmp_path, broken: str) -> dict:
+    """The installed package copied with `broken` (one of its compiled libraries) replaced by a file that is
+    no library: what a user with a torch the library was not built for meets, in kind (the load fails)."""
     pkg = Path(opgym.__file__).parent
     shutil.copytree(pkg, tmp_path / "opgym", ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "opgym" / "_C.so").write_bytes(b"not a shared library")
+    (tmp_path / "opgym" / broken).unlink(missing_ok=True)
+    (tmp_path / "opgym" / broken).write_bytes(b"not a shared library")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=300,
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+
+
+def test_a_broken_stable_library_leaves_import_and_patch_working(tmp_path):
+    """Without _stable.so nothing loads: everything still imports and runs HF's code, patch warns once."""
+    lines = _run_with(tmp_path, "_stable.so")
+    assert lines["AVAILABLE"] == "False"
     assert "cannot load" in lines["LOAD_ERROR"] and f"torch{_library.TORCH_SUPPORTED}" in lines["LOAD_ERROR"]
     assert lines["WARNINGS"] == "1"
     assert lines["ACTIVE"] == "False False ['<opgym>']"
     assert lines["SAME"] == "True" and lines["FORWARDS"] == "0" and lines["OPERROR"] == "True"
+
+
+def test_without_the_per_torch_library_the_stable_ops_still_serve(tmp_path):
+    """Under a torch release _C.so was not built for (it fails to load), the ops on the stable ABI still
+    serve the model, exact; the others are skipped, each with the reason, and patch warns once."""
+    lines = _run_with(tmp_path, "_C.so")
+    assert lines["AVAILABLE"] == "True" and "cannot load _C.so" in lines["LOAD_ERROR"]
+    stable = set(_library._stable_ops())
+    assert "rms_norm" in stable
+    skipped = set(eval(lines["ACTIVE"].split(" ", 2)[2]))  # noqa: S307 - our own printed list
+    assert skipped == {f"<{op}>" for op in opgym.SUPPORTED_OPS if op not in stable}
+    assert lines["ACTIVE"].startswith("True ")  # (a second patch of a patched model finds nothing new)
+    assert lines["WARNINGS"] == "1" and lines["SAME"] == "True" and int(lines["FUSED"]) > 0
+    assert lines["OPERROR"] == "none"  # rms_norm's own function works

@@ -1,52 +1,109 @@
-"""Loads the compiled operators (opgym/_C.so) into torch.ops.opgym; the library-wide functions
-(availability, build_info, the output cache). Each op's Python API is in its folder, opgym/ops/<op>/.
+"""Loads the compiled operators into torch.ops.opgym; the library-wide functions (availability,
+build_info, the output cache). Each op's Python API is in its folder, opgym/ops/<op>/.
 
-The library is a plain shared object registered through TORCH_LIBRARY; loading it needs no compiler.
-It is built against one torch release (TORCH_SUPPORTED; pyproject.toml declares the same range): under
-another, or when the file is missing or broken, `import opgym` still works, `available()` is False,
-`load_error()` says why (naming the torch found and the range supported), the op functions raise that
-error, and `opgym.patch(model)` warns once and leaves the model untouched.
+Two plain shared objects (no pybind, no compiler needed to load them):
+  opgym/_stable.so  the kernels of the ops on torch's stable ABI (each such op's schemas, fake kernels
+                    and autograd rules are its meta.py, defined here first): one build loads in every
+                    torch from TORCH_FLOOR on.
+  opgym/_C.so       the ops not moved to the stable ABI yet: built against one torch release
+                    (NATIVE_TORCH), it loads only there; elsewhere those ops are unavailable, and
+                    `op_unavailable(name)` says why.
+Nothing here raises on import: when a library is missing or broken (or torch is below the floor),
+`available()` is False or the op is unavailable, `load_error()` says why (naming the torch found and
+the range supported), the op functions raise that error, and `opgym.patch(model)` warns once and
+leaves what it cannot serve untouched.
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
 
-_LIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_C.so")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_STABLE = os.path.join(_HERE, "_stable.so")
+_LIB = os.path.join(_HERE, "_C.so")
+# The oldest torch whose stable C API has what _stable.so calls (python/CMakeLists.txt: OPGYM_TORCH_FLOOR).
+TORCH_FLOOR = (2, 11)
+# The releases CI runs the package under (pyproject.toml declares the same): the pinned one and the newest
+# pip installs here.
+TORCH_SUPPORTED = ">=2.13,<2.15"
 _load_error: str | None = None
-# The torch releases this build of opgym loads in (the extension is compiled against one torch's C++ ABI).
-TORCH_SUPPORTED = ">=2.13,<2.14"
+_native_error: str | None = None
 
 
 def _torch_found() -> str:
     return f"torch {torch.__version__} is installed; this opgym supports torch{TORCH_SUPPORTED}"
 
 
+def _torch_version() -> tuple:
+    try:
+        return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    except ValueError:
+        return (0, 0)
+
+
+def _stable_ops() -> list:
+    """The ops whose kernels are on the stable ABI: those with a meta.py (their Python half)."""
+    from . import ops as _ops_table
+
+    return [name for name in _ops_table.OPS if os.path.exists(os.path.join(_HERE, "ops", name, "meta.py"))]
+
+
 def _load() -> None:
-    global _load_error
+    global _load_error, _native_error
     if _safe_has_op():
         return
-    if not os.path.exists(_LIB):
-        _load_error = (f"opgym's compiled operators are missing ({_LIB}); "
+    if _torch_version() < TORCH_FLOOR:
+        _load_error = f"opgym's operators need torch's stable ABI of torch {TORCH_FLOOR[0]}.{TORCH_FLOOR[1]} or later ({_torch_found()})"
+        return
+    if not os.path.exists(_STABLE):
+        _load_error = (f"opgym's compiled operators are missing ({_STABLE}); "
                        "build them with `pip install --no-build-isolation .` (make install-python)")
         return
     try:
+        from . import _schemas
+
+        metas = [importlib.import_module(f"{__package__}.ops.{name}.meta") for name in _stable_ops()]
+        _schemas.define()
+        for meta in metas:
+            meta.define()
+        torch.ops.load_library(_STABLE)
+        for meta in metas:
+            meta.register()
+    except Exception as e:  # noqa: BLE001 - a broken file, a torch without what we call: never raise on import
+        _load_error = f"cannot load {_STABLE} ({_torch_found()}): {type(e).__name__}: {str(e)[:300]}"
+        return
+    if not os.path.exists(_LIB):
+        _native_error = f"opgym's per-torch operators are missing ({_LIB})"
+        return
+    try:
         torch.ops.load_library(_LIB)
-    except Exception as e:  # noqa: BLE001 - built against another torch, a broken file: never raise on import
-        _load_error = f"cannot load {_LIB} ({_torch_found()}): {type(e).__name__}: {str(e)[:300]}"
+    except Exception as e:  # noqa: BLE001 - built against another torch release
+        _native_error = (f"cannot load {os.path.basename(_LIB)}, built against one torch release "
+                         f"(torch {torch.__version__} is installed): {type(e).__name__}: {str(e)[:200]}")
 
 
 def _safe_has_op() -> bool:
     """Whether the library is registered (its build_info operator is the library's own, no op's)."""
     try:
-        torch.ops.opgym.build_info.default
-        return True
+        return torch._C._dispatch_has_kernel_for_dispatch_key("opgym::build_info", "CompositeExplicitAutograd")
     except (AttributeError, RuntimeError):
         return False
 
 
-_load()
+def op_unavailable(name: str) -> str | None:
+    """None when every torch operator of the op (its OpSpec.torch_ops) is registered; else why not."""
+    if _load_error is not None:
+        return _load_error
+    from . import ops as _ops_table
+
+    for op in _ops_table.spec(name).torch_ops:
+        try:
+            getattr(torch.ops.opgym, op)
+        except (AttributeError, RuntimeError):
+            return _native_error or f"opgym::{op} is not registered with torch"
+    return None
 
 
 def available() -> bool:
@@ -95,3 +152,6 @@ def empty_output_cache() -> None:
     """Returns every block the output cache holds to the OS (outputs still alive are not touched)."""
     require()
     torch.ops.opgym_internal.empty_output_cache()
+
+
+_load()  # last: each op's package, imported by it, imports this module's functions

@@ -218,6 +218,14 @@ class PatchHandle:
                 f"skipped={len(self.skipped)}, active={self.active})")
 
 
+def _warn_unavailable(message: str) -> None:
+    """Once per process: what opgym.patch could not serve because its compiled operators did not load."""
+    global _WARNED_UNAVAILABLE
+    if not _WARNED_UNAVAILABLE:
+        _WARNED_UNAVAILABLE = True
+        warnings.warn(f"opgym.patch: {message}", stacklevel=3)
+
+
 def patch(model: nn.Module, ops=None, *, exact: bool = True, fast=None) -> PatchHandle:
     """Applies opgym's fused ops to `model` (any nn.Module): every op of the table by default, or the
     ones named in `ops`. They are exact: the model's outputs stay HF eager's bit for bit.
@@ -233,7 +241,6 @@ def patch(model: nn.Module, ops=None, *, exact: bool = True, fast=None) -> Patch
     Where the compiled operators cannot load (another torch release, a broken install), the model is
     left untouched: a warning (once per process) names why, and the handle's `skipped` says so.
     """
-    global _WARNED_UNAVAILABLE
     if ops is None:
         ops = SUPPORTED_OPS
     if isinstance(ops, str):
@@ -253,9 +260,7 @@ def patch(model: nn.Module, ops=None, *, exact: bool = True, fast=None) -> Patch
         why = _library.load_error() or "opgym's operators are not registered with torch"
         handle.skipped["<opgym>"] = f"nothing patched: {why}"
         handle.active = False
-        if not _WARNED_UNAVAILABLE:
-            _WARNED_UNAVAILABLE = True
-            warnings.warn(f"opgym.patch: the model is left as it is: {why}", stacklevel=2)
+        _warn_unavailable(f"the model is left as it is: {why}")
         return handle
     with _LOCK:
         for name in SUPPORTED_OPS:  # table order, whatever order `ops` names them in
@@ -263,6 +268,11 @@ def patch(model: nn.Module, ops=None, *, exact: bool = True, fast=None) -> Patch
                 handle._stats.setdefault(name, Stats())
                 handle.patched_by_op.setdefault(name, [])
                 spec = _ops_table.spec(name)
+                why = _library.op_unavailable(name)
+                if why is not None:  # its library did not load here (another torch release): HF's code runs
+                    handle.skipped[f"<{name}>"] = f"{name}: not served: {why}"
+                    _warn_unavailable(f"{name} is not served: {why}")
+                    continue
                 try:
                     with fast_tier.settings(fast_tier.exact_settings(name, selected)):
                         _ops_table.part(name, "integration").apply(model, handle, devices_with_kernel(spec.torch_ops[0]))

@@ -1,7 +1,6 @@
-// opgym::rms_norm's torch operators (src/ops/rms_norm): schemas (TORCH_LIBRARY_FRAGMENT; the library
-// itself is csrc/library.cpp), CPU kernels that call the C++ core on torch's intra-op thread pool, Meta
-// kernels (shape + promoted dtype) for fake tensors / torch.compile, Autograd and ADInplaceOrView
-// kernels, and opgym_internal::bench_core. CUDA kernels: rms_norm_cuda.cpp; shared checks: rms_norm.hpp.
+// opgym::rms_norm's CPU kernels on torch's stable ABI (built into opgym/_stable.so; src/ops/rms_norm
+// is the core). The schemas, fake kernels and autograd rules are Python (meta.py beside this file);
+// the CUDA kernels are rms_norm_cuda.cpp (per-torch library, its checks in rms_norm.hpp).
 //
 //   opgym::rms_norm(Tensor x, Tensor weight, float eps, str mode="hf", bool weight_offset=False) -> Tensor
 //   opgym::rms_norm_out(Tensor x, Tensor weight, float eps, str norm_mode="hf", bool weight_offset=False, *,
@@ -9,234 +8,108 @@
 //   opgym::rms_norm_(Tensor(a!) x, Tensor weight, float eps, str norm_mode="hf", bool weight_offset=False) -> Tensor(a!)
 //
 // The output dtype is torch's promotion of (weight, x), as HF's `weight * h.to(x.dtype)` gives it; the
-// functional form returns a contiguous tensor of x's shape. There is no backward formula: the ops are
-// for inference. The functional op's Autograd kernel makes that explicit: its output is part of the
-// graph, and backpropagating through it raises (rather than torch's default of a warning and silently
-// missing gradients). opgym.patch runs the module's own forward whenever a gradient is needed.
-// Every bad argument raises a Python exception naming it (ValueError for values, RuntimeError for
-// devices); nothing aborts.
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
-
+// functional form returns a contiguous tensor of x's shape. Every bad argument raises a Python
+// exception naming it (ValueError for values, RuntimeError for devices); nothing aborts.
 #include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
 
-#include "csrc/output_cache.hpp"
-#include "csrc/torch_common.hpp"
+#include "csrc/stable.hpp"
 #include "opgym/opgym.hpp"
-#include "ops/rms_norm/rms_norm.hpp"
 
 namespace {
 
-using namespace opgym_torch;  // NOLINT(google-build-using-namespace): the shared helpers
+using namespace opgym_stable;  // NOLINT(google-build-using-namespace): the shared helpers
 
-// Runs the core; opgym::Error (which names the argument) becomes a ValueError.
-void run_core(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, double eps, c10::string_view mode,
+// Layout, dtype, rank, weight's shape and device, mode, eps. Returns the output dtype.
+ScalarType check_rms_norm(const Tensor& x, const Tensor& weight, double eps, const std::string& mode) {
+  const opgym::DType xd = check_tensor_arg(x, "x", "rms_norm");
+  const opgym::DType wd = check_tensor_arg(weight, "weight", "rms_norm");
+  OPGYM_CHECK_VALUE(x.dim() >= 1 && x.dim() <= opgym::kMaxRank, "opgym::rms_norm: x must have 1 to ", opgym::kMaxRank,
+                    " dims, got ", x.dim());
+  OPGYM_CHECK_VALUE(weight.dim() == 1, "opgym::rms_norm: weight must be 1-D of size ", x.size(-1),
+                    " (the last dim of x), got shape ", sizes_of(weight));
+  OPGYM_CHECK_VALUE(weight.size(0) == x.size(-1), "opgym::rms_norm: weight must have shape [", x.size(-1),
+                    "] (the last dim of x), got ", sizes_of(weight));
+  OPGYM_CHECK_VALUE(mode == "hf" || mode == "fp32", "opgym::rms_norm: mode must be 'hf' or 'fp32', got '", mode, "'");
+  OPGYM_CHECK_VALUE(std::isfinite(eps) && eps >= 0, "opgym::rms_norm: eps must be a finite number >= 0, got ", eps);
+  check_device(weight, "weight", x, "x", "rms_norm");
+  return to_torch_dtype(opgym::rms_norm_out_dtype(xd, wd));
+}
+
+opgym::RmsNormOptions options(double eps, const std::string& mode, bool weight_offset) {
+  opgym::RmsNormOptions o;
+  o.eps = eps;
+  o.mode = opgym::parse_mode(mode);
+  o.weight_offset = weight_offset;
+  return o;
+}
+
+void run_core(const Tensor& x, const Tensor& weight, const Tensor& out, double eps, const std::string& mode,
               bool weight_offset) {
   translate_errors("rms_norm", [&] {
-    opgym::rms_norm(view_of(x), view_of(weight), view_of(out), rms_norm_options(eps, mode, weight_offset),
-                    &aten_executor());
+    opgym::rms_norm(view_of(x), view_of(weight), view_of(out), options(eps, mode, weight_offset), &executor());
   });
 }
 
-// ---- CPU ----------------------------------------------------------------------------------------
-
-at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
-                        bool weight_offset) {
-  const at::ScalarType out_dtype = check_rms_norm(x, weight, eps, mode);
-  check_rms_norm_weight_device(x, weight);
-  at::Tensor out = empty_output(x.sizes(), out_dtype);  // a freed output reused: output_cache.hpp
+Tensor rms_norm_cpu(Tensor x, Tensor weight, double eps, std::string mode, bool weight_offset) {
+  const ScalarType out_dtype = check_rms_norm(x, weight, eps, mode);
+  Tensor out = empty_output(x.sizes(), out_dtype);  // a freed output reused: block_pool.hpp
   run_core(x, weight, out, eps, mode, weight_offset);
   return out;
 }
 
-at::Tensor& rms_norm_out_cpu(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
-                             bool weight_offset, at::Tensor& out) {
-  check_rms_norm_out(x, weight, out, check_rms_norm(x, weight, eps, mode));
+Tensor rms_norm_out_cpu(Tensor x, Tensor weight, double eps, std::string mode, bool weight_offset, Tensor out) {
+  const ScalarType out_dtype = check_rms_norm(x, weight, eps, mode);
+  check_device(out, "out", x, "x", "rms_norm");
+  OPGYM_CHECK_VALUE(out.scalar_type() == out_dtype, "opgym::rms_norm_out: out must have dtype ", dtype_name(out_dtype),
+                    " (torch's promotion of weight ", dtype_name(weight.scalar_type()), " and x ",
+                    dtype_name(x.scalar_type()), "), got ", dtype_name(out.scalar_type()));
+  check_same_shape(out, "out", x, "x", "rms_norm_out");
   run_core(x, weight, out, eps, mode, weight_offset);
   return out;
 }
 
-at::Tensor& rms_norm_inplace_cpu(at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
-                                 bool weight_offset) {
-  check_rms_norm_in_place(x, weight, check_rms_norm(x, weight, eps, mode));
+Tensor rms_norm_inplace_cpu(Tensor x, Tensor weight, double eps, std::string mode, bool weight_offset) {
+  const ScalarType out_dtype = check_rms_norm(x, weight, eps, mode);
+  OPGYM_CHECK_VALUE(out_dtype == x.scalar_type(), "opgym::rms_norm_: in place needs an output dtype equal to x's ",
+                    dtype_name(x.scalar_type()), ", but weight ", dtype_name(weight.scalar_type()), " promotes it to ",
+                    dtype_name(out_dtype), "; use opgym::rms_norm or rms_norm_out");
   run_core(x, weight, x, eps, mode, weight_offset);
   return x;
 }
 
-// ---- Meta (fake tensors, torch.compile): shapes and dtypes only, symbolic sizes allowed ----------
-
-at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
-                         bool /*weight_offset*/) {
-  const at::ScalarType out_dtype = check_rms_norm(x, weight, eps, mode);
-  check_rms_norm_weight_device(x, weight);
-  return at::empty_symint(x.sym_sizes(), x.options().dtype(out_dtype), at::MemoryFormat::Contiguous);
-}
-
-at::Tensor& rms_norm_out_meta(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
-                              bool /*weight_offset*/, at::Tensor& out) {
-  check_rms_norm_out(x, weight, out, check_rms_norm(x, weight, eps, mode));
-  return out;
-}
-
-at::Tensor& rms_norm_inplace_meta(at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view mode,
-                                  bool /*weight_offset*/) {
-  check_rms_norm_in_place(x, weight, check_rms_norm(x, weight, eps, mode));
-  return x;
-}
-
-// ---- Autograd: no formula; backward raises a clear error ---------------------------------------
-
-// The three operators' handles, looked up once.
-using FunctionalFn = at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool);
-using OutFn = at::Tensor&(const at::Tensor&, const at::Tensor&, double, c10::string_view, bool, at::Tensor&);
-using InplaceFn = at::Tensor&(at::Tensor&, const at::Tensor&, double, c10::string_view, bool);
-
-c10::TypedOperatorHandle<FunctionalFn>& functional_op() {
-  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rms_norm", "").typed<FunctionalFn>();
-  return op;
-}
-c10::TypedOperatorHandle<OutFn>& out_op() {
-  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rms_norm_out", "").typed<OutFn>();
-  return op;
-}
-c10::TypedOperatorHandle<InplaceFn>& inplace_op() {
-  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rms_norm_", "").typed<InplaceFn>();
-  return op;
-}
-
-class RmsNormNoBackward : public torch::autograd::Function<RmsNormNoBackward> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& x, const at::Tensor& weight,
-                            double eps, const std::string& mode, bool weight_offset) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return functional_op().call(x, weight, eps, mode, weight_offset);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
-                                                 torch::autograd::variable_list /*grads*/) {
-    TORCH_CHECK(false,
-                "opgym::rms_norm has no backward (an inference kernel); compute the norm with the module's own "
-                "forward where gradients are needed (opgym.patch does so by itself)");
-  }
-};
-
-at::Tensor rms_norm_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& weight, double eps,
-                             c10::string_view mode, bool weight_offset) {
-  // Inference (no_grad, or nothing requires grad): no autograd node, and straight on to the kernel
-  // below autograd with the key set already computed (a fresh op.call would compute it again): this
-  // hop is a tenth of a decode-sized call.
-  if (!at::GradMode::is_enabled() || (!x.requires_grad() && !weight.requires_grad())) {
-    return functional_op().redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, mode, weight_offset);
-  }
-  return RmsNormNoBackward::apply(x, weight, eps, std::string(mode.data(), mode.size()), weight_offset);
-}
-
-// The mutable forms have no autograd at all: where a gradient would be needed their Autograd
-// kernels refuse at once (the fallback torch would otherwise use lets backward run through them
-// silently wrong), else they go on below autograd. Their ADInplaceOrView kernels bump the version
-// counter of the tensor they overwrite, as torch's own in-place and out= ops do, so autograd can tell
-// that a tensor it saved was overwritten; that key is in every normal tensor's key set, so this holds
-// under no_grad and inference_mode too (inference tensors have no version counter and skip it).
-at::Tensor& rms_norm_out_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& weight, double eps,
-                                  c10::string_view mode, bool weight_offset, at::Tensor& out) {
-  TORCH_CHECK(!grad_needed({&x, &weight, &out}),
-              "opgym::rms_norm_out has no autograd (out= forms never do); call it under torch.no_grad(), or use the "
-              "module's own forward where gradients are needed");
-  return out_op().redispatch(ks & c10::after_autograd_keyset, x, weight, eps, mode, weight_offset, out);
-}
-
-at::Tensor& rms_norm_inplace_autograd(c10::DispatchKeySet ks, at::Tensor& x, const at::Tensor& weight, double eps,
-                                      c10::string_view mode, bool weight_offset) {
-  TORCH_CHECK(!grad_needed({&x, &weight}),
-              "opgym::rms_norm_ has no autograd (an inference kernel); call it under torch.no_grad(), or use the "
-              "module's own forward where gradients are needed");
-  return inplace_op().redispatch(ks & c10::after_autograd_keyset, x, weight, eps, mode, weight_offset);
-}
-
-at::Tensor& rms_norm_out_inplace_or_view(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& weight,
-                                         double eps, c10::string_view mode, bool weight_offset, at::Tensor& out) {
-  out_op().redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, mode, weight_offset, out);
-  torch::autograd::impl::bump_version(out);
-  return out;
-}
-
-at::Tensor& rms_norm_inplace_inplace_or_view(c10::DispatchKeySet ks, at::Tensor& x, const at::Tensor& weight, double eps,
-                                             c10::string_view mode, bool weight_offset) {
-  inplace_op().redispatch(ks & c10::after_ADInplaceOrView_keyset, x, weight, eps, mode, weight_offset);
-  torch::autograd::impl::bump_version(x);
-  return x;
-}
-
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(opgym, m) {
-  // Lvalues: an rvalue vector would bind to def's (schema, function) overload instead.
-  const std::vector<at::Tag> out_tags = tags_with("out"), inplace_tags = tags_with("inplace");
-  m.def("rms_norm(Tensor x, Tensor weight, float eps, str mode=\"hf\", bool weight_offset=False) -> Tensor",
-        {at::Tag::pt2_compliant_tag});
-  // The mutable forms call the mode `norm_mode`: under torch.compile they are functionalized through
-  // the auto_functionalized higher-order op, whose dispatch helper takes a parameter named `mode`
-  // and so cannot be given an operator argument of that name (torch 2.13: "got multiple values for
-  // argument 'mode'").
-  m.def("rms_norm_out(Tensor x, Tensor weight, float eps, str norm_mode=\"hf\", bool weight_offset=False, *, "
-        "Tensor(a!) out) -> Tensor(a!)",
-        out_tags);
-  m.def("rms_norm_(Tensor(a!) x, Tensor weight, float eps, str norm_mode=\"hf\", bool weight_offset=False) -> Tensor(a!)",
-        inplace_tags);
-}
-
-TORCH_LIBRARY_IMPL(opgym, CPU, m) {
-  m.impl("rms_norm", &rms_norm_cpu);
-  m.impl("rms_norm_out", &rms_norm_out_cpu);
-  m.impl("rms_norm_", &rms_norm_inplace_cpu);
-}
-
-TORCH_LIBRARY_IMPL(opgym, Autograd, m) {
-  m.impl("rms_norm", &rms_norm_autograd);
-  m.impl("rms_norm_out", &rms_norm_out_autograd);
-  m.impl("rms_norm_", &rms_norm_inplace_autograd);
-}
-
-TORCH_LIBRARY_IMPL(opgym, ADInplaceOrView, m) {
-  m.impl("rms_norm_out", &rms_norm_out_inplace_or_view);
-  m.impl("rms_norm_", &rms_norm_inplace_inplace_or_view);
-}
-
-TORCH_LIBRARY_IMPL(opgym, Meta, m) {
-  m.impl("rms_norm", &rms_norm_meta);
-  m.impl("rms_norm_out", &rms_norm_out_meta);
-  m.impl("rms_norm_", &rms_norm_inplace_meta);
-}
-
-namespace {
-// For `opgym bench`: the C++ API timed in a C++ loop (no dispatcher, no allocation), or the unfused
-// basic-op golden. Returns the median over `samples` of nanoseconds per call, each sample ~sample_ms.
-double bench_core(const at::Tensor& x, const at::Tensor& weight, double eps, c10::string_view impl, int64_t samples,
-                  double sample_ms) {
-  TORCH_CHECK_VALUE(x.device().is_cpu() && weight.device().is_cpu(), "opgym::bench_core: CPU tensors only");
-  check_rms_norm(x, weight, eps, "hf");
-  TORCH_CHECK_VALUE(impl == "fused" || impl == "basic_ops" || impl == "dispatch",
+// For `opgym bench`: the C++ API timed in a C++ loop (no dispatcher, no allocation), the unfused
+// basic-op golden, or the functional operator through torch's dispatcher from C++ ("dispatch": what a
+// torch.ops call costs without the Python side). Returns the median over `samples` of nanoseconds per
+// call, each sample ~sample_ms.
+double bench_core(Tensor x, Tensor weight, double eps, std::string impl, int64_t samples, double sample_ms) {
+  OPGYM_CHECK_VALUE(x.is_cpu() && weight.is_cpu(), "opgym::bench_core: CPU tensors only");
+  const ScalarType out_dtype = check_rms_norm(x, weight, eps, "hf");
+  OPGYM_CHECK_VALUE(impl == "fused" || impl == "basic_ops" || impl == "dispatch",
                     "opgym::bench_core: impl must be fused, basic_ops or dispatch");
-  TORCH_CHECK_VALUE(samples >= 1 && samples <= 1000, "opgym_internal::bench_core: samples must be 1 to 1000, got ", samples);
-  TORCH_CHECK_VALUE(sample_ms > 0 && sample_ms <= 10000, "opgym_internal::bench_core: sample_ms must be in (0, 10000], got ",
-                    sample_ms);
-  const at::Tensor xc = x.contiguous();
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::promote_types(weight.scalar_type(), x.scalar_type())));
+  OPGYM_CHECK_VALUE(samples >= 1 && samples <= 1000, "opgym_internal::bench_core: samples must be 1 to 1000, got ",
+                    samples);
+  OPGYM_CHECK_VALUE(sample_ms > 0 && sample_ms <= 10000,
+                    "opgym_internal::bench_core: sample_ms must be in (0, 10000], got ", sample_ms);
+  const Tensor xc = torch::stable::contiguous(x);
+  Tensor out = torch::stable::empty(x.sizes(), out_dtype);
   const opgym::TensorView xv = view_of(xc), wv = view_of(weight), ov = view_of(out);
   opgym::RmsNormOptions opt;
   opt.eps = eps;
-  // dispatch: the functional operator through torch's dispatcher from C++ (autograd hop, checks,
-  // allocation, the kernel): what a torch.ops call costs without the Python side.
-  auto& op = functional_op();
   const int kind = impl == "fused" ? 0 : impl == "basic_ops" ? 1 : 2;
+  auto dispatch = [&] {
+    std::array<StableIValue, 5> stack{torch::stable::detail::from(xc), torch::stable::detail::from(weight),
+                                      torch::stable::detail::from(eps), torch::stable::detail::from(std::string("hf")),
+                                      torch::stable::detail::from(false)};
+    STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("opgym::rms_norm", "", stack.data(), TORCH_ABI_VERSION));
+    (void)torch::stable::detail::to<Tensor>(stack[0]);  // the output, released
+  };
   auto once = [&] {
-    if (kind == 0) opgym::rms_norm(xv, wv, ov, opt, &aten_executor());
+    if (kind == 0) opgym::rms_norm(xv, wv, ov, opt, &executor());
     else if (kind == 1) opgym::reference::rms_norm_basic_ops(xv, wv, ov, opt);
-    else op.call(xc, weight, eps, "hf", false);
+    else dispatch();
   };
   using clock = std::chrono::steady_clock;
   once();
@@ -254,9 +127,13 @@ double bench_core(const at::Tensor& x, const at::Tensor& weight, double eps, c10
   std::nth_element(ns.begin(), ns.begin() + ns.size() / 2, ns.end());
   return ns[ns.size() / 2];
 }
+
 }  // namespace
 
-// The C++ API timed in C++ for `opgym bench` (opgym_internal: csrc/library.cpp).
-TORCH_LIBRARY_FRAGMENT(opgym_internal, m) {
-  m.def("bench_core(Tensor x, Tensor weight, float eps, str impl, int samples, float sample_ms) -> float", &bench_core);
+STABLE_TORCH_LIBRARY_IMPL(opgym, CPU, m) {
+  m.impl("rms_norm", TORCH_BOX(&rms_norm_cpu));
+  m.impl("rms_norm_out", TORCH_BOX(&rms_norm_out_cpu));
+  m.impl("rms_norm_", TORCH_BOX(&rms_norm_inplace_cpu));
 }
+
+STABLE_TORCH_LIBRARY_IMPL(opgym_internal, CPU, m) { m.impl("bench_core", TORCH_BOX(&bench_core)); }
