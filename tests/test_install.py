@@ -81,7 +81,7 @@ def test_without_the_per_torch_library_the_stable_ops_still_serve(tmp_path):
     """Under a torch release _C.so was not built for (it fails to load), the ops on the stable ABI still
     serve the model, exact; the others are skipped, each with the reason, and patch warns once."""
     lines = _run_with(tmp_path, "_C.so")
-    assert lines["AVAILABLE"] == "True" and "cannot load _C.so" in lines["LOAD_ERROR"]
+    assert lines["AVAILABLE"] == "True" and "_C.so" in lines["LOAD_ERROR"]
     stable = set(_library._stable_ops())
     assert "rms_norm" in stable
     skipped = set(eval(lines["ACTIVE"].split(" ", 2)[2]))  # noqa: S307 - our own printed list

@@ -77,11 +77,25 @@ def _load() -> None:
     if not os.path.exists(_LIB):
         _native_error = f"opgym's per-torch operators are missing ({_LIB})"
         return
+    built_for = _native_torch()
+    if built_for != torch.__version__.split("+")[0]:
+        _native_error = (f"{os.path.basename(_LIB)} (the ops not on torch's stable ABI yet) was built against torch "
+                         f"{built_for or 'unknown'}; torch {torch.__version__} is installed")
+        return
     try:
         torch.ops.load_library(_LIB)
     except Exception as e:  # noqa: BLE001 - built against another torch release
         _native_error = (f"cannot load {os.path.basename(_LIB)}, built against one torch release "
                          f"(torch {torch.__version__} is installed): {type(e).__name__}: {str(e)[:200]}")
+
+
+def _native_torch() -> str | None:
+    """The torch release _C.so was compiled against (opgym/_C.torch, written by the build)."""
+    try:
+        with open(_LIB[:-3] + ".torch") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def _safe_has_op() -> bool:
