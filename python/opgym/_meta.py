@@ -75,6 +75,13 @@ def sizes(t) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
+def check_same_shape(t, name: str, ref, ref_name: str, op: str) -> None:
+    msg = f"opgym::{op}: {name} must have the shape of {ref_name} {sizes(ref)}, got {sizes(t)}"
+    value_check(t.dim() == ref.dim(), msg)
+    for a, b in zip(t.shape, ref.shape):
+        value_check(a == b, msg)
+
+
 def _grad_needed(args) -> bool:
     if not torch.is_grad_enabled():
         return False
@@ -108,6 +115,18 @@ def no_backward(name: str, message: str, ns: str = "opgym") -> None:
         if _grad_needed(args):
             return _NoBackward.apply(ks, *args)
         return op.redispatch(ks & _AFTER_AUTOGRAD, *args)
+
+    library(ns).impl(name, autograd_kernel, "Autograd", with_keyset=True)
+
+
+def refuses_grad(name: str, message: str, ns: str = "opgym") -> None:
+    """The functional operator `name`: where a gradient would be needed it refuses at the call."""
+    op = getattr(getattr(torch.ops, ns), name).default
+
+    def autograd_kernel(ks, *args, **kwargs):
+        if _grad_needed(tuple(args) + tuple(kwargs.values())):
+            raise RuntimeError(message)
+        return op.redispatch(ks & _AFTER_AUTOGRAD, *args, **kwargs)
 
     library(ns).impl(name, autograd_kernel, "Autograd", with_keyset=True)
 
