@@ -1,5 +1,6 @@
-// opgym::rotary's torch operators (src/ops/rotary): schemas, CPU, Meta, Autograd and ADInplaceOrView
-// kernels. CUDA kernels: rotary_cuda.cpp; the checks both share: rotary.hpp.
+// opgym::rotary's CPU kernels on torch's stable ABI (built into opgym/_stable.so; src/ops/rotary is the
+// core). Schemas, fake kernels and autograd rules: meta.py beside this file. CUDA kernels: rotary_cuda.cpp
+// (per-torch library, its checks in rotary.hpp).
 //
 //   opgym::rotary(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, str mode="hf",
 //                 int[]? mrope_section=None, str pairs="half", bool pair_table=False,
@@ -16,124 +17,99 @@
 // in, halves out: DeepSeek-V3). The functional outputs have q's and k's layout where torch's
 // elementwise ops would keep it (empty_like), or are contiguous with `contiguous` (what HF's
 // torch.cat gives), so downstream ops see the strides HF's code gives them.
-#include <ATen/ATen.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
-
+#include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
-#include "csrc/torch_common.hpp"
+#include "csrc/stable.hpp"
 #include "opgym/opgym.hpp"
-#include "ops/rotary/rotary.hpp"
 
 namespace {
 
-using namespace opgym_torch;  // NOLINT(google-build-using-namespace): the shared helpers
+using namespace opgym_stable;  // NOLINT(google-build-using-namespace): the shared helpers
+using Section = std::optional<std::vector<int64_t>>;
 
-std::tuple<at::Tensor, at::Tensor> rotary_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                                              const at::Tensor& sin, int64_t unsqueeze_dim, c10::string_view mode,
-                                              c10::optional<at::IntArrayRef> mrope_section,
-                                              c10::string_view pairs, bool pair_table, bool contiguous) {
+std::string section_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+// Checks that need no data; the core checks the rest (broadcast, overlap) before writing anything.
+void check_rotary(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin, const std::string& mode,
+                  const Section& mrope_section, const std::string& pairs, const char* op) {
+  check_tensor_arg(q, "q", op);
+  check_tensor_arg(k, "k", op);
+  check_tensor_arg(cos, "cos", op);
+  check_tensor_arg(sin, "sin", op);
+  OPGYM_CHECK_VALUE(mode == "hf" || mode == "fp32", "opgym::", op, ": mode must be 'hf' or 'fp32', got '", mode, "'");
+  OPGYM_CHECK_VALUE(pairs == "half" || pairs == "interleaved" || pairs == "deinterleave", "opgym::", op,
+                    ": pairs must be 'half', 'interleaved' or 'deinterleave', got '", pairs, "'");
+  OPGYM_CHECK_VALUE(k.scalar_type() == q.scalar_type(), "opgym::", op, ": k must have q's dtype ",
+                    dtype_name(q.scalar_type()), ", got ", dtype_name(k.scalar_type()));
+  OPGYM_CHECK_VALUE(q.dim() >= 2 && q.dim() <= opgym::kMaxRank && k.dim() == q.dim(), "opgym::", op,
+                    ": q and k must have one rank from 2 to ", opgym::kMaxRank, ", got ", sizes_of(q), " and ",
+                    sizes_of(k));
+  if (mode == "hf")
+    OPGYM_CHECK_VALUE(cos.scalar_type() == q.scalar_type() && sin.scalar_type() == q.scalar_type(), "opgym::", op,
+                      ": mode hf computes in q's dtype: cos and sin must be ", dtype_name(q.scalar_type()), ", got ",
+                      dtype_name(cos.scalar_type()), " and ", dtype_name(sin.scalar_type()));
+  if (mrope_section.has_value())
+    OPGYM_CHECK_VALUE(mrope_section->size() == 3, "opgym::", op, ": mrope_section must hold three lengths, got ",
+                      section_text(*mrope_section));
+  OPGYM_CHECK_VALUE(k.size(-1) == q.size(-1), "opgym::", op, ": k must have q's last dim ", q.size(-1), ", got ",
+                    sizes_of(k));
+  check_device(k, "k", q, "q", op);
+  check_device(cos, "cos", q, "q", op);
+  check_device(sin, "sin", q, "q", op);
+}
+
+opgym::RotaryOptions options(int64_t unsqueeze_dim, const std::string& mode, const Section& mrope_section,
+                             const std::string& pairs, bool pair_table) {
+  opgym::RotaryOptions o;
+  o.mode = opgym::parse_rotary_mode(mode);
+  o.pairs = opgym::parse_rotary_pairs(pairs);
+  o.pair_table = pair_table;
+  OPGYM_CHECK_VALUE(unsqueeze_dim >= -opgym::kMaxRank && unsqueeze_dim < opgym::kMaxRank,
+                    "opgym::rotary: unsqueeze_dim out of range, got ", unsqueeze_dim);
+  o.unsqueeze_dim = static_cast<int>(unsqueeze_dim);
+  if (mrope_section.has_value())
+    for (int i = 0; i < 3; ++i) o.mrope_section[i] = (*mrope_section)[i];
+  return o;
+}
+
+// q's and k's own layout (empty_like: what HF's elementwise ops give), or fresh contiguous tensors
+// (what HF's torch.cat gives: the partial and deinterleaving forms).
+Tensor rotary_output(const Tensor& x, bool contiguous) {
+  return contiguous ? torch::stable::empty(x.sizes(), x.scalar_type(), std::nullopt, x.device())
+                    : torch::stable::empty_like(x);
+}
+
+std::tuple<Tensor, Tensor> rotary_cpu(Tensor q, Tensor k, Tensor cos, Tensor sin, int64_t unsqueeze_dim,
+                                      std::string mode, Section mrope_section, std::string pairs, bool pair_table,
+                                      bool contiguous) {
   check_rotary(q, k, cos, sin, mode, mrope_section, pairs, "rotary");
-  at::Tensor qo = rotary_output(q, contiguous), ko = rotary_output(k, contiguous);
+  Tensor qo = rotary_output(q, contiguous), ko = rotary_output(k, contiguous);
   translate_errors("rotary", [&] {
     opgym::rotary(view_of(q), view_of(k), view_of(cos), view_of(sin), view_of(qo), view_of(ko),
-                  rotary_options(unsqueeze_dim, mode, mrope_section, pairs, pair_table), &aten_executor());
+                  options(unsqueeze_dim, mode, mrope_section, pairs, pair_table), &executor());
   });
   return {qo, ko};
 }
 
-void rotary_inplace_cpu(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-                        int64_t unsqueeze_dim, c10::string_view mode, c10::optional<at::IntArrayRef> mrope_section,
-                        c10::string_view pairs, bool pair_table) {
+void rotary_inplace_cpu(Tensor q, Tensor k, Tensor cos, Tensor sin, int64_t unsqueeze_dim, std::string mode,
+                        Section mrope_section, std::string pairs, bool pair_table) {
   check_rotary(q, k, cos, sin, mode, mrope_section, pairs, "rotary_");
   translate_errors("rotary_", [&] {
     opgym::rotary(view_of(q), view_of(k), view_of(cos), view_of(sin), view_of(q), view_of(k),
-                  rotary_options(unsqueeze_dim, mode, mrope_section, pairs, pair_table), &aten_executor());
+                  options(unsqueeze_dim, mode, mrope_section, pairs, pair_table), &executor());
   });
-}
-
-std::tuple<at::Tensor, at::Tensor> rotary_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                                               const at::Tensor& sin, int64_t /*unsqueeze_dim*/, c10::string_view mode,
-                                               c10::optional<at::IntArrayRef> mrope_section, c10::string_view pairs,
-                                               bool /*pair_table*/, bool contiguous) {
-  check_rotary(q, k, cos, sin, mode, mrope_section, pairs, "rotary");
-  return {rotary_output(q, contiguous), rotary_output(k, contiguous)};
-}
-
-void rotary_inplace_meta(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-                         int64_t /*unsqueeze_dim*/, c10::string_view mode, c10::optional<at::IntArrayRef> mrope_section,
-                         c10::string_view pairs, bool /*pair_table*/) {
-  check_rotary(q, k, cos, sin, mode, mrope_section, pairs, "rotary_");
-}
-
-using FunctionalFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                        const at::Tensor&, int64_t, c10::string_view,
-                                                        c10::optional<at::IntArrayRef>, c10::string_view, bool, bool);
-using InplaceFn = void(at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, c10::string_view,
-                       c10::optional<at::IntArrayRef>, c10::string_view, bool);
-
-c10::TypedOperatorHandle<FunctionalFn>& functional_op() {
-  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rotary", "").typed<FunctionalFn>();
-  return op;
-}
-c10::TypedOperatorHandle<InplaceFn>& inplace_op() {
-  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opgym::rotary_", "").typed<InplaceFn>();
-  return op;
-}
-
-std::tuple<at::Tensor, at::Tensor> rotary_autograd(c10::DispatchKeySet ks, const at::Tensor& q, const at::Tensor& k,
-                                                   const at::Tensor& cos, const at::Tensor& sin, int64_t unsqueeze_dim,
-                                                   c10::string_view mode, c10::optional<at::IntArrayRef> mrope_section,
-                                                   c10::string_view pairs, bool pair_table, bool contiguous) {
-  TORCH_CHECK(!grad_needed({&q, &k, &cos, &sin}),
-              "opgym::rotary has no backward (an inference kernel); call it under torch.no_grad(), or use HF's own "
-              "function where gradients are needed (opgym.patch does so by itself)");
-  return functional_op().redispatch(ks & c10::after_autograd_keyset, q, k, cos, sin, unsqueeze_dim, mode, mrope_section,
-                                    pairs, pair_table, contiguous);
-}
-
-void rotary_inplace_autograd(c10::DispatchKeySet ks, at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
-                             const at::Tensor& sin, int64_t unsqueeze_dim, c10::string_view mode,
-                             c10::optional<at::IntArrayRef> mrope_section, c10::string_view pairs, bool pair_table) {
-  TORCH_CHECK(!grad_needed({&q, &k, &cos, &sin}),
-              "opgym::rotary_ has no autograd (an inference kernel); call it under torch.no_grad()");
-  inplace_op().redispatch(ks & c10::after_autograd_keyset, q, k, cos, sin, unsqueeze_dim, mode, mrope_section, pairs,
-                          pair_table);
-}
-
-void rotary_inplace_or_view(c10::DispatchKeySet ks, at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
-                            const at::Tensor& sin, int64_t unsqueeze_dim, c10::string_view mode,
-                            c10::optional<at::IntArrayRef> mrope_section, c10::string_view pairs, bool pair_table) {
-  inplace_op().redispatch(ks & c10::after_ADInplaceOrView_keyset, q, k, cos, sin, unsqueeze_dim, mode, mrope_section,
-                          pairs, pair_table);
-  torch::autograd::impl::bump_version(q);
-  torch::autograd::impl::bump_version(k);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(opgym, m) {
-  m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, str mode=\"hf\", "
-        "int[]? mrope_section=None, str pairs=\"half\", bool pair_table=False, bool contiguous=False) "
-        "-> (Tensor, Tensor)",
-        {at::Tag::pt2_compliant_tag});
-  // `rotary_mode`: auto_functionalized's helper takes a parameter named `mode` (see rms_norm_).
-  m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, int unsqueeze_dim=1, str rotary_mode=\"hf\", "
-        "int[]? mrope_section=None, str pairs=\"half\", bool pair_table=False) -> ()",
-        {at::Tag::pt2_compliant_tag});
+STABLE_TORCH_LIBRARY_IMPL(opgym, CPU, m) {
+  m.impl("rotary", TORCH_BOX(&rotary_cpu));
+  m.impl("rotary_", TORCH_BOX(&rotary_inplace_cpu));
 }
-
-TORCH_LIBRARY_IMPL(opgym, CPU, m) {
-  m.impl("rotary", &rotary_cpu);
-  m.impl("rotary_", &rotary_inplace_cpu);
-}
-TORCH_LIBRARY_IMPL(opgym, Meta, m) {
-  m.impl("rotary", &rotary_meta);
-  m.impl("rotary_", &rotary_inplace_meta);
-}
-TORCH_LIBRARY_IMPL(opgym, Autograd, m) {
-  m.impl("rotary", &rotary_autograd);
-  m.impl("rotary_", &rotary_inplace_autograd);
-}
-TORCH_LIBRARY_IMPL(opgym, ADInplaceOrView, m) { m.impl("rotary_", &rotary_inplace_or_view); }
