@@ -118,7 +118,10 @@ class _Store:
 # (Keyed by id with a weak reference that removes the entry: a tensor's == is elementwise, so no
 # WeakKeyDictionary.)
 _STORES: dict = {}  # id(weight) -> (weakref to the weight, _Store)
-_STORES_LOCK = threading.Lock()
+# Re-entrant: a weight's weakref callback (_forget) runs wherever the garbage collector happens to run,
+# which can be inside store() holding this lock on the same thread (a plain Lock deadlocked there: found
+# by test_deepcopy_of_a_patched_module, which hung).
+_STORES_LOCK = threading.RLock()
 
 
 def _forget(key: int, ref) -> None:
