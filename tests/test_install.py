@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import opgym
 from opgym import _library
 
@@ -80,6 +82,8 @@ def test_a_broken_stable_library_leaves_import_and_patch_working(tmp_path):
 def test_without_the_per_torch_library_the_stable_ops_still_serve(tmp_path):
     """Under a torch release _C.so was not built for (it fails to load), the ops on the stable ABI still
     serve the model, exact; the others are skipped, each with the reason, and patch warns once."""
+    if not (Path(opgym.__file__).parent / "_C.so").exists():
+        pytest.skip("this build has no per-torch library (a CPU build: every CPU kernel is on the stable ABI)")
     lines = _run_with(tmp_path, "_C.so")
     assert lines["AVAILABLE"] == "True" and "_C.so" in lines["LOAD_ERROR"]
     stable = set(_library._stable_ops())

@@ -7,6 +7,7 @@ ported yet, compiled against one torch's C++ API) loads only under the torch it 
 its ops must be skipped with the reason and the model left exact."""
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -35,7 +36,7 @@ def main() -> int:
     stable = set(_library._stable_ops())
     fused = {op: st["fused"] for op, st in h.stats()["by_op"].items()} if "by_op" in h.stats() else {}
     print(f"torch {torch.__version__}; opgym declares torch{_library.TORCH_SUPPORTED}; stable library loaded: {loaded}; "
-          f"per-torch library: {_library._native_error or 'loaded'}")
+          f"per-torch library: {_library._native_error or ('loaded' if os.path.exists(_library._LIB) else 'none (a CPU build)')}")
     print(f"logits identical: {same}; fused calls: {h.stats()['fused']}; fallbacks: {h.stats()['fallback']}")
     for op in opgym.SUPPORTED_OPS:
         print(f"  {op:13s} {'stable ABI' if op in stable else 'per-torch '}  "

@@ -5,9 +5,9 @@ Two plain shared objects (no pybind, no compiler needed to load them):
   opgym/_stable.so  the kernels of the ops on torch's stable ABI (each such op's schemas, fake kernels
                     and autograd rules are its meta.py, defined here first): one build loads in every
                     torch from TORCH_FLOOR on.
-  opgym/_C.so       the ops not moved to the stable ABI yet: built against one torch release
-                    (NATIVE_TORCH), it loads only there; elsewhere those ops are unavailable, and
-                    `op_unavailable(name)` says why.
+  opgym/_C.so       the kernels not moved to the stable ABI yet (today: the CUDA kernels; a CPU
+                    build has none): built against one torch release (opgym/_C.torch), it loads only
+                    there; elsewhere what it holds is unavailable, and `op_unavailable(name)` says why.
 Nothing here raises on import: when a library is missing or broken (or torch is below the floor),
 `available()` is False or the op is unavailable, `load_error()` says why (naming the torch found and
 the range supported), the op functions raise that error, and `opgym.patch(model)` warns once and
@@ -74,8 +74,7 @@ def _load() -> None:
     except Exception as e:  # noqa: BLE001 - a broken file, a torch without what we call: never raise on import
         _load_error = f"cannot load {_STABLE} ({_torch_found()}): {type(e).__name__}: {str(e)[:300]}"
         return
-    if not os.path.exists(_LIB):
-        _native_error = f"opgym's per-torch operators are missing ({_LIB})"
+    if not os.path.exists(_LIB):  # a CPU build: every CPU kernel is in _stable.so
         return
     built_for = _native_torch()
     if built_for != torch.__version__.split("+")[0]:
