@@ -21,6 +21,7 @@ from opgym import _library
 def main() -> int:
     cfg = Qwen2Config(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       intermediate_size=96)
+    cfg._attn_implementation = "eager"  # HF's eager attention: opgym's attention core serves it
     torch.manual_seed(0)
     m = Qwen2ForCausalLM(cfg).eval().to(torch.bfloat16)
     torch.manual_seed(0)
