@@ -93,3 +93,21 @@ def test_without_the_per_torch_library_the_stable_ops_still_serve(tmp_path):
     assert lines["ACTIVE"].startswith("True ")  # (a second patch of a patched model finds nothing new)
     assert lines["WARNINGS"] == "1" and lines["SAME"] == "True" and int(lines["FUSED"]) > 0
     assert lines["OPERROR"] == "none"  # rms_norm's own function works
+
+
+def _elf(tool: str, *args: str) -> str:
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} (binutils) is not installed")
+    return subprocess.run([tool, *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_the_stable_library_needs_only_torch_and_the_c_runtime():
+    """opgym/_stable.so loads wherever torch does: it needs libtorch_cpu (already loaded by `import torch`) and
+    the C/C++ runtime, nothing the system must lend (no libsleef: its exp is the one torch exports), and it calls
+    no Python C API, so one wheel serves every CPython (pyproject: wheel.py-api = "py3")."""
+    lib = str(Path(opgym.__file__).parent / "_stable.so")
+    needed = {line.split("[")[1].rstrip("]") for line in _elf("readelf", "-d", lib).splitlines() if "(NEEDED)" in line}
+    runtime = {"libstdc++.so.6", "libm.so.6", "libgcc_s.so.1", "libc.so.6", "ld-linux-x86-64.so.2"}
+    assert "libtorch_cpu.so" in needed and needed - runtime - {"libtorch_cpu.so"} == set(), needed
+    undefined = _elf("nm", "-D", "--undefined-only", lib).split()
+    assert not [s for s in undefined if s.startswith(("Py", "_Py"))]
