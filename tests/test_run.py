@@ -21,8 +21,8 @@ from opgym import SUPPORTED_OPS as OPS  # the ops opgym.patch applies: those of 
 from opgym.ops import spec
 
 TINY = ["--testing-tiny", "--text-layers", "1", "--vision-blocks", "1", "--page-size", "112x112",
-        "--max-new-tokens", "4", "--repeats", "1", "--warmup", "1", "--no-progress", "--no-graph"]
-# --no-graph: the graph side (opgym.compile) costs Dynamo's captures, about 40 s of a tiny run on the loaded
+        "--max-new-tokens", "4", "--repeats", "1", "--warmup", "1", "--no-progress"]
+# No --graph: the graph side (opgym.compile, opt-in) costs Dynamo's captures, about 40 s of a tiny run on the loaded
 # 2-core machine (25 s -> 65 s); test_graph_side_beside_patch_and_hf runs it, marked full.
 # The runs that are not about threads force one: the tiny model's ops are too small to gain from a
 # second thread, and on a loaded 2-core machine that thread waits for a core (a tiny run took 19 s
@@ -205,7 +205,7 @@ def test_graph_side_beside_patch_and_hf(tmp_path):
     counted once warmed up with no recompilation in the timed rounds (switching sides keeps Dynamo's graphs),
     its first call's wall time beside HF eager's, regions replaced for every op served there, and the table."""
     out = tmp_path / "r.json"
-    args = [a for a in TINY if a != "--no-graph"]
+    args = [*TINY, "--graph"]
     args[args.index("--repeats") + 1] = "2"
     r = opgym_run(*args, *ONE_THREAD, "--report", str(out))
     assert r.returncode == 0, r.stdout + r.stderr

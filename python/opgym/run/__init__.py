@@ -28,7 +28,7 @@ the same way:
 The timed rounds alternate the sides (baseline-opgym, opgym-baseline, ...) so that both see the same
 machine; under --compile the sides run one after the other instead.
 
-The graph side (unless --no-graph; not under --ablation or --compile): the same model through the exact
+The graph side (with --graph; not under --ablation or --compile): the same model through the exact
 graph path, opgym.compile(model), compiled once and switched like the patched side (its compiled call
 dropped while another side runs, Dynamo's graphs kept). It is warmed up and timed as the opgym side is, in
 the same rounds, each of its runs next to a baseline run; the report's `graph` section (compare.graph_section)
@@ -137,8 +137,8 @@ def _main(args) -> int:
 
 def graph_side(args) -> bool:
     """Whether the run has the graph side (opgym.compile): in the plain A/B and under --fast, unless
-    --no-graph; not under --ablation (each op alone) nor --compile (every side under torch.compile)."""
-    return not (args.no_graph or args.ablation or args.compile)
+    --graph; not under --ablation (each op alone) nor --compile (every side under torch.compile)."""
+    return bool(args.graph) and not (args.ablation or args.compile)
 
 
 def _fast_selection(value) -> tuple | None:

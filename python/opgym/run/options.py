@@ -68,9 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the accuracy section's sides, comma-separated, the first the reference: hf, opgym, fast, "
                         "fast:SUB (opgym exact + that one substitution), each optionally @compile "
                         "(default: from --fast / --compile)")
-    g.add_argument("--no-graph", action="store_true",
-                   help="leave out the graph side (opgym.compile: the exact graph path, measured beside opgym.patch "
-                        "and HF eager in the same interleaved rounds; not run under --ablation or --compile)")
+    g.add_argument("--graph", action="store_true",
+                   help="add the graph side (opgym.compile: the exact graph path, measured beside opgym.patch and HF "
+                        "eager in the same interleaved rounds; not run under --ablation or --compile). Opt-in: Dynamo's "
+                        "captures add minutes to a run of the default model")
+    g.add_argument("--no-graph", action="store_true", help=argparse.SUPPRESS)  # the default; kept for old scripts
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     g.add_argument("--ops", default="all",
                    help="fused ops to apply, comma-separated, or 'all' (default %(default)s: every op opgym.patch has)")
