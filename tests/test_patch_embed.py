@@ -21,6 +21,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionPat
 
 import opgym
 from conftest import ONEDNN
+from opgym import admission
 from opgym.ops import patch_embed as pe
 from opgym.ops.patch_embed import integration as integ
 
@@ -60,7 +61,7 @@ def _pixels(P, dtype, seed):
 
 
 def _ndiff(a, b):
-    return integ._ndiff(a, b)
+    return admission.count_differences(a, b)
 
 
 @pytest.fixture
@@ -189,8 +190,10 @@ def test_gradient_and_switch_fall_back(monkeypatch):
 
 
 def test_probe_failure_and_hf_errors(monkeypatch):
-    """A probe that raises leaves the signature to HF's conv with the reason (the call returns HF's result);
-    an input HF's own forward rejects raises HF's error, as unpatched, and keeps no verdict."""
+    """A probe that raises leaves that call to HF's conv with the reason (the call returns HF's result) and is
+    not kept (admission's one failure policy): the next call probes again, and once the probe can run the
+    signature is served; an input HF's own forward rejects raises HF's error, as unpatched, and keeps no
+    verdict."""
     m = _module(torch.bfloat16)
     px = _pixels(64, torch.bfloat16, 2)
     bad = px.view(8, 8, 1176).transpose(0, 1)  # whole rows, but leading dims HF's .view(-1, ...) cannot merge
@@ -198,22 +201,36 @@ def test_probe_failure_and_hf_errors(monkeypatch):
         ref = m(px)
         with pytest.raises(RuntimeError) as hf_err:
             m(bad)
+    calls = []
+    real_probe = integ._State.probe
+
+    def boom(*a, **k):
+        calls.append(1)
+        raise ValueError("synthetic")
+
     with opgym.patch(m, ops="patch_embed") as handle, torch.no_grad():
         with pytest.raises(RuntimeError) as err:
             m(bad)
         assert str(err.value) == str(hf_err.value)
         assert not handle.notes  # no verdict kept
 
-        def boom(*a, **k):
-            raise ValueError("synthetic")
-
         monkeypatch.setattr(integ._State, "probe", boom)
         outs = [m(px), m(px)]
         st = handle.stats()["ops"]["patch_embed"]
         notes = {k: v for k, v in handle.notes.items() if k.startswith("patch_embed")}
+        assert len(calls) == 2  # the failure was not kept: the second call probed again
+        monkeypatch.setattr(integ._State, "probe", real_probe)
+        outs += [m(px), m(px)]  # the probe runs now: a verdict, kept
+        st2 = handle.stats()["ops"]["patch_embed"]
     assert all(_ndiff(o, ref) == 0 for o in outs)
-    assert st["fused"] == 0 and st["fallback"] == 3, st  # the HF error's call, the failed probe's, the next
-    assert list(notes.values()) == ["HF conv: the probe failed (ValueError: synthetic)"], notes
+    assert st["fused"] == 0 and st["fallback"] == 3, st  # the HF error's call, the two failed probes'
+    assert st["reasons"].get("probe failed: ValueError: synthetic") == 2, st
+    assert list(notes.values()) == [
+        "HF conv: probe failed: ValueError: synthetic (not kept: the next call probes again)"], notes
+    if served_here(torch.bfloat16):
+        assert (st2["fused"], st2["fallback"]) == (2, 3), st2
+    else:
+        assert (st2["fused"], st2["fallback"]) == (0, 5), st2
 
 
 def test_weight_change_probes_again():
@@ -298,9 +315,32 @@ def test_the_store_dies_with_the_weight():
         m(_pixels(4, torch.float32, 1))
     key = id(m.proj.weight)
     assert key in integ._STORES
+    token = integ._STORES[key][1].token
+    assert any(sig[1][0] == token for sig, _env, _v in integ._VERDICTS.items())
     del m
     gc.collect()
     assert key not in integ._STORES
+    integ._purge()  # what the next store() does: the dead weight's verdicts go too
+    assert not any(sig[1][0] == token for sig, _env, _v in integ._VERDICTS.items())
+
+
+def test_verdicts_are_admissions_cache_keyed_by_weight_and_environment(threads):
+    """patch_embed decides through opgym.admission (one cache: Verdicts("patch_embed")): its key holds the
+    weight (the store's token and the weight's key) and admission's environment (thread count, CPU
+    capability); a changed weight's old verdicts are forgotten."""
+    m = _module(torch.float32)
+    px = _pixels(8, torch.float32, 6)
+    assert admission.registry()["patch_embed"] is integ._VERDICTS
+    with opgym.patch(m, ops="patch_embed"), torch.no_grad():
+        torch.set_num_threads(1)
+        m(px)
+        token = integ._STORES[id(m.proj.weight)][1].token
+        mine = [(sig, env) for sig, env, _v in integ._VERDICTS.items() if sig[1][0] == token]
+        assert len(mine) == 1 and mine[0][1] == admission.environment("cpu"), mine
+        m.proj.weight.mul_(0.5)
+        m(px)
+        mine = [sig for sig, _env, _v in integ._VERDICTS.items() if sig[1][0] == token]
+        assert len(mine) == 1 and mine[0][1][1][-1] == m.proj.weight._version, mine
 
 
 CASE_FILES = sorted((Path(__file__).resolve().parent.parent / "cases").glob("*/patch_embed*.json"))

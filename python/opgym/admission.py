@@ -145,6 +145,17 @@ class Verdicts:
         with self._lock:
             return [(k[0], k[1], v) for k, v in self._cache.items()]
 
+    def forget(self, match: Callable[[Hashable], bool]) -> int:
+        """Forgets every verdict whose signature satisfies match(sig), in every environment; returns how
+        many. For verdicts that belong to an object (patch_embed's: one weight tensor) once it changed or
+        died. Never call it from a weakref callback (or anything else the garbage collector may run inside
+        this cache's lock, which is not re-entrant)."""
+        with self._lock:
+            gone = [k for k in self._cache if match(k[0])]
+            for k in gone:
+                del self._cache[k]
+        return len(gone)
+
     def clear(self) -> None:
         with self._lock:
             self._cache.clear()
@@ -161,3 +172,16 @@ def clear_all() -> None:
     """Forgets every verdict (tests; a user who changed something torch does not show, e.g. its BLAS)."""
     for v in registry().values():
         v.clear()
+
+
+def count_differences(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many elements differ by `bits_equal`'s rule (0 exactly when bits_equal(a, b)); a shape or dtype
+    mismatch counts every element (at least 1). For a probe's reasons: how far each candidate was."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.numel(), b.numel(), 1)
+    view = _INT_VIEW.get(a.dtype)
+    a, b = a.detach(), b.detach().to(a.device)
+    if view is None:
+        return int((a != b).sum())
+    a, b = a.contiguous(), b.contiguous()
+    return int(((a.view(view) != b.view(view)) & ~(torch.isnan(a) & torch.isnan(b))).sum())

@@ -15,8 +15,9 @@ VLLM_ENABLE_V1_MULTIPROCESSING=0 that is the caller's), or `LLM(...,
 worker_extension_cls="opgym.vllm.worker.OpgymWorkerExtension")` and `llm.collective_rpc("opgym_stats")`
 (one dict per worker, e.g. per tensor-parallel rank).
 
-Only torch.ops.opgym.* and opgym.build_info() are used from opgym; vLLM is imported only when
-register() runs (inside vLLM).
+From opgym: torch.ops.opgym.*, opgym.build_info() and the two leaf modules every op shares (guard: the
+switch rule, the counters, the device rule; admission: the bit rule verify mode counts by); vLLM is
+imported only when register() runs (inside vLLM).
 """
 from __future__ import annotations
 

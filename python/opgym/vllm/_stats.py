@@ -4,6 +4,10 @@ vLLM runs the model in its worker process; these counters live there. They are r
 (`opgym.vllm.stats()`; with VLLM_ENABLE_V1_MULTIPROCESSING=0 that is the caller's), through
 `LLM.collective_rpc("opgym_stats")` with opgym's worker extension, or from the JSON file each
 process writes at exit when OPGYM_VLLM_STATS_DIR is set.
+
+The per-op counters are opgym's own (guard.Stats, counted by guard.count, as for a patched HF model: one
+counter type for every path); a layer's record adds its class, index and whether it is served. Like the
+guarded call, nothing is counted while torch.compile traces (traced once, run many times).
 """
 from __future__ import annotations
 
@@ -13,16 +17,15 @@ import os
 
 import torch
 
+from ..admission import count_differences
+from ..guard import Stats, count as _count_stats
+
 OPS = ("rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "mrope")
 ULP_BUCKETS = ("0", "1", "2", "3-4", "5-8", "9-16", ">16", "nan")
 
-_ops: dict = {}
+_ops: dict = {}  # op -> guard.Stats
 _layers: list = []
 _verify: dict = {}
-
-
-def _new_op() -> dict:
-    return {"calls": 0, "fused": 0, "fallback": 0, "reasons": {}}
 
 
 def _new_verify() -> dict:
@@ -33,7 +36,7 @@ def _new_verify() -> dict:
 def reset() -> None:
     """Zeroes every counter (the layer records stay, with zero calls)."""
     _ops.clear()
-    _ops.update({op: _new_op() for op in OPS})
+    _ops.update({op: Stats() for op in OPS})
     _verify.clear()
     for rec in _layers:
         rec.update(calls=0, fused=0, fallback=0)
@@ -53,16 +56,9 @@ def count(rec: dict, op: str, reason: str | None) -> None:
     """One call of layer `rec` as op `op`: fused when reason is None, else a fallback for that reason."""
     if torch.compiler.is_compiling():  # traced once, run many times: counting here would be wrong
         return
-    o = _ops[op]
-    o["calls"] += 1
+    _count_stats((_ops[op],), reason is None, reason)
     rec["calls"] += 1
-    if reason is None:
-        o["fused"] += 1
-        rec["fused"] += 1
-    else:
-        o["fallback"] += 1
-        rec["fallback"] += 1
-        o["reasons"][reason] = o["reasons"].get(reason, 0) + 1
+    rec["fused" if reason is None else "fallback"] += 1
 
 
 def _ordered_bits(t: torch.Tensor) -> torch.Tensor:
@@ -87,8 +83,9 @@ def record_verify(op: str, opgym_out, ref, vllm_out) -> None:
     for o, r, own in zip(opgym_out, ref, vllm_out):
         o, r, own = o.detach().cpu(), r.detach().cpu(), own.detach().cpu()
         v["elements"] += r.numel()
-        d, nan = ulp_distance(o.to(r.dtype), r) if o.dtype == r.dtype else (None, None)
-        v["opgym_differ"] += r.numel() if d is None else int(((d != 0) | nan).sum())
+        # opgym's exactness is admission's bit rule (-0 != +0, any NaN == any NaN); the ulp distance below,
+        # for vLLM's own forward, calls -0 and +0 0 ulp apart
+        v["opgym_differ"] += count_differences(o, r) if o.dtype == r.dtype else r.numel()
         if own.dtype != r.dtype:
             v["vllm_differ"] += r.numel()
             v["vllm_ulp"][">16"] += r.numel()
@@ -118,7 +115,8 @@ def snapshot() -> dict:
         c["called"] += int(rec["calls"] > 0)
         c["all_fused"] += int(rec["calls"] > 0 and rec["fallback"] == 0)
         c["with_fallback"] += int(rec["fallback"] > 0)
-    return {"pid": os.getpid(), "ops": json.loads(json.dumps(_ops)), "classes": by_class,
+    ops = {op: {"calls": s.fused + s.fallback, **s.as_dict()} for op, s in _ops.items()}
+    return {"pid": os.getpid(), "ops": json.loads(json.dumps(ops)), "classes": by_class,
             "layers": [dict(r) for r in _layers], "verify": json.loads(json.dumps(_verify))}
 
 

@@ -24,6 +24,7 @@ RMSNorm's forward_cuda and MRotaryEmbedding's forward_cpu reach forward_native b
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -34,6 +35,7 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding
 
+from ..guard import devices_with_kernel, switch_on
 from . import _stats, reference
 
 logger = init_logger("vllm.plugins.opgym")
@@ -49,8 +51,9 @@ def set_verify(on: bool) -> None:
 
 
 def switch() -> tuple[bool, str | None]:
-    """(on, why not): OPGYM_VLLM=0 turns the plugin off; so does a missing compiled library."""
-    if os.environ.get("OPGYM_VLLM", "1").strip().lower() in ("0", "off", "false", "no"):
+    """(on, why not): OPGYM_VLLM=0 (opgym's switch rule, guard.switch_on: 0/false/off/no) turns the plugin
+    off; so does a missing compiled library."""
+    if not switch_on("OPGYM_VLLM"):
         return False, "OPGYM_VLLM=0"
     try:
         import opgym
@@ -61,10 +64,12 @@ def switch() -> tuple[bool, str | None]:
     return True, None
 
 
+_devices = functools.lru_cache(maxsize=None)(devices_with_kernel)  # kernels are registered at import
+
+
 def _device_reason(t: torch.Tensor, op: str) -> str | None:
-    if t.device.type == "cpu":
-        return None
-    if t.device.type == "cuda" and torch._C._dispatch_has_kernel_for_dispatch_key(f"opgym::{op}", "CUDA"):
+    """opgym's device rule (guard.devices_with_kernel: the CPU, and CUDA where the op has a CUDA kernel)."""
+    if t.device.type == "cpu" or t.device.type in _devices(op):
         return None
     return f"device {t.device.type}: no opgym::{op} kernel there"
 
@@ -118,7 +123,9 @@ class _Served:
             own = vllm_fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
         try:
             out = self._opgym_run(*args)
-        except (RuntimeError, ValueError) as e:  # opgym refused the call (it writes nothing then)
+        except Exception as e:  # noqa: BLE001 - opgym's error policy (guard.guarded): the model never raises
+            # because of opgym; vLLM's own forward runs, counted with the reason. opgym's operators check every
+            # argument before writing anything (the op contract's misuse tests), so in-place inputs are intact.
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             _stats.count(self._opgym_rec, op, f"refused: {msg[:160]}")
             return vllm_fn(*args)

@@ -17,9 +17,13 @@ from each other on most outputs. A form is admitted only when it gives the conv'
 and, alone, on the second; that first call then returns the admitted form's output (counted as served:
 it is HF's bits, just checked) or HF's own (counted as a fallback with the reason). No form (bf16 on a CPU without AVX-512, where torch
 runs ATen's slow_conv3d; fp16 without AVX512-FP16; anything unexpected): HF's conv for that signature, with
-the reason counted. Verdicts and packed weights belong to the weight tensor (a weak-keyed store: a model
-patched again, as opgym run's rounds do, probes nothing again) and are forgotten when the weight changes (its data pointer, dtype, shape or
-version counter: an in-place update under no_grad bumps it; `.data.copy_()` does not, as for every op).
+the reason counted. Verdicts are opgym's one admission cache (opgym/admission.py: Verdicts("patch_embed"),
+keyed by the signature, the weight and the environment - thread count, CPU capability; a probe that raises
+refuses that call only, is not kept, and the next call probes again). Verdicts and packed weights belong to
+the weight tensor (a weak-keyed store of packed forms and a token naming the weight in the verdicts' keys: a
+model patched again, as opgym run's rounds do, probes nothing again) and are forgotten when the weight
+changes (its data pointer, dtype, shape, strides or version counter: an in-place update under no_grad bumps
+it; `.data.copy_()` does not, as for every op) or dies.
 
 At call time the packed weight of the admitted form (patch_embed_pack, cached per weight) and
 torch.ops.opgym.patch_embed serve the call; a gradient needed, torch.compile (the probe runs eagerly: a
@@ -28,14 +32,15 @@ trace calls HF's conv), the switch off or any error: HF's own forward, counted w
 from __future__ import annotations
 
 import copy
+import itertools
 import threading
 import weakref
-from collections import OrderedDict
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
+from ...admission import Verdicts, bits_equal, count_differences
 from ...guard import FUSED_DTYPES, fingerprint, guarded, has_hooks, tensor_reason, wrappers
 from . import SPEC
 
@@ -92,26 +97,24 @@ def _verdict(m: nn.Module) -> str | None:
     return None
 
 
-def _ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Outputs whose bits differ (NaN == NaN, whatever the payload)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return max(a.numel(), b.numel())
-    it = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    differ = a.view(it) != b.view(it)
-    return int((differ & ~(torch.isnan(a) & torch.isnan(b))).sum())
-
-
 class _Store:
-    """What opgym knows of one weight tensor: its packed forms and the verdicts per signature, valid while
-    the weight's key (data pointer, dtype, shape, strides, version counter) stays the same."""
+    """What opgym keeps of one weight tensor: its packed forms (a data cache, not a verdict), valid while the
+    weight's key (data pointer, dtype, shape, strides, version counter) stays the same, and the token that
+    names this weight in the op's verdicts (admission.Verdicts: _VERDICTS)."""
 
     def __init__(self):
         self.lock = threading.Lock()
+        self.token = next(_TOKENS)
         self.wkey = None
         self.packed: dict = {}
-        self.verdicts: OrderedDict = OrderedDict()  # signature -> form or None
-        self.why: dict = {}                          # signature -> how the probe decided
 
+
+# The op's verdicts, one admission cache (opgym/admission.py: the environment - threads, CPU capability -
+# joins each key; a probe that raised is never kept). Key: (the call's signature, (the weight's store token,
+# the weight's key)): a verdict belongs to one weight tensor as it is now; a changed weight (a new key) is
+# probed again and its old verdicts are forgotten, as are a dead weight's (_purge).
+_VERDICTS = Verdicts("patch_embed")
+_TOKENS = itertools.count(1)
 
 # Per weight tensor, for the tensor's lifetime: a model patched again (opgym run's rounds, a user's
 # patch/undo/patch) keeps its verdicts and packed weights instead of probing again.
@@ -122,16 +125,34 @@ _STORES: dict = {}  # id(weight) -> (weakref to the weight, _Store)
 # which can be inside store() holding this lock on the same thread (a plain Lock deadlocked there: found
 # by test_deepcopy_of_a_patched_module, which hung).
 _STORES_LOCK = threading.RLock()
+# Tokens of weights that died: their verdicts are forgotten by the next _purge, outside any lock (the
+# weakref callback must not take the verdict cache's lock: the collector may run inside it).
+_DEAD: list = []
 
 
-def _forget(key: int, ref) -> None:
+def _forget(key: int, ref, token: int) -> None:
     with _STORES_LOCK:
         if _STORES.get(key, (None,))[0] is ref:
             del _STORES[key]
+    _DEAD.append(token)
+
+
+def _purge() -> None:
+    """Forgets the verdicts of weights that died (called with no lock held)."""
+    if not _DEAD:
+        return
+    dead = set()
+    while _DEAD:
+        try:
+            dead.add(_DEAD.pop())
+        except IndexError:  # another thread emptied it
+            break
+    if dead:
+        _VERDICTS.forget(lambda sig: sig[1][0] in dead)
 
 
 class _State:
-    """One patch embedding's view of its weight's store (packed forms, verdicts per signature)."""
+    """One patch embedding's view of its weight's store (packed forms) and verdicts (per signature)."""
 
     def __init__(self, module: nn.Module):
         self.module = module
@@ -149,61 +170,69 @@ class _State:
         return _State(copy.deepcopy(self.module, memo))
 
     def store(self) -> _Store:
+        _purge()
         w = self.proj.weight
         with _STORES_LOCK:
             entry = _STORES.get(id(w))
             if entry is None or entry[0]() is not w:
-                key = id(w)
-                entry = _STORES[key] = (weakref.ref(w, lambda ref, key=key: _forget(key, ref)), _Store())
+                key, st = id(w), _Store()
+                ref = weakref.ref(w, lambda ref, key=key, token=st.token: _forget(key, ref, token))
+                entry = _STORES[key] = (ref, st)
         return entry[1]
 
     def weight_key(self) -> tuple:
         w = self.proj.weight
         return (w.data_ptr(), w.dtype, tuple(w.shape), tuple(w.stride()), w._version)
 
-    def _sync(self, st: _Store) -> None:
+    def _sync(self, st: _Store) -> tuple:
+        """The weight's part of a verdict's key, (store token, weight key); a new or changed weight drops its
+        packed forms and its old verdicts (pack again, probe again)."""
         key = self.weight_key()
-        if key != st.wkey:  # a new or changed weight: pack again, probe again
-            st.wkey, st.packed = key, {}
-            st.verdicts.clear()
-            st.why.clear()
+        with st.lock:
+            changed = key != st.wkey
+            if changed:
+                st.wkey, st.packed = key, {}
+        if changed:
+            _VERDICTS.forget(lambda sig, t=st.token, k=key: sig[1][0] == t and sig[1][1] != k)
+        return (st.token, key)
+
+    def weight_part(self) -> tuple:
+        return self._sync(self.store())
+
+    def device(self):
+        return self.proj.weight.device
 
     def signature(self, x_dtype: torch.dtype, P: int) -> tuple:
         return (x_dtype, P, torch.get_num_threads(), self.proj.bias is not None)
 
     def verdict(self, sig: tuple):
         """(known, form) for a signature, the weight checked first."""
-        st = self.store()
-        with st.lock:
-            self._sync(st)
-            if sig in st.verdicts:
-                return True, st.verdicts[sig]
-            return False, None
+        v = _VERDICTS.peek((sig, self.weight_part()), self.device())
+        return (False, None) if v is None else (True, v[0])
 
     def why(self, sig: tuple) -> str:
-        return self.store().why.get(sig, "")
+        v = _VERDICTS.peek((sig, self.weight_part()), self.device())
+        return "" if v is None else v[1]
 
     def known(self) -> dict:
         """signature -> (form, why) of every verdict on the current weight."""
-        st = self.store()
-        with st.lock:
-            self._sync(st)
-            return {sig: (f, st.why.get(sig, "")) for sig, f in st.verdicts.items()}
+        part = self.weight_part()
+        return {s[0]: v for s, _env, v in _VERDICTS.items() if s[1] == part}
 
-    def record(self, sig: tuple, form, why: str) -> None:
-        st = self.store()
-        with st.lock:
-            self._sync(st)
-            st.verdicts[sig] = form
-            st.why[sig] = why
-            while len(st.verdicts) > MAX_VERDICTS:
-                old, _ = st.verdicts.popitem(last=False)
-                st.why.pop(old, None)
+    def decide(self, sig: tuple, probe):
+        """The signature's verdict, (form or None, why): cached, or probe() (which returns one) run now and
+        cached; admission.Failed (not cached: the next call probes again) when the probe raised."""
+        part = self.weight_part()
+        v = _VERDICTS.decide((sig, part), probe, self.device())
+        if v and len(mine := [s for s, _e, _v in _VERDICTS.items() if s[1] == part]) > MAX_VERDICTS:
+            old = set(mine[:len(mine) - MAX_VERDICTS])  # the oldest first
+            _VERDICTS.forget(lambda s: s in old)
+        return v
 
     def pack(self, form: str) -> torch.Tensor:
         st = self.store()
+        self._sync(st)
         with st.lock:
-            self._sync(st)
             p = st.packed.get(form)
             if p is None:
                 with torch.no_grad():
@@ -220,33 +249,34 @@ class _State:
 
     # ---- the probe ------------------------------------------------------------------------------
 
-    def probe(self, sig: tuple, x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
+    def probe(self, sig: tuple, x: torch.Tensor, ref: torch.Tensor) -> tuple:
         """Decides the signature's form from HF's own result `ref` on the call's input x (rows [P, C, T, p, p]
         in the weight's dtype) and from a second, discriminating input of the same shape through the module's
-        own conv: a form is admitted only when it gives the conv's bits on both and, on the second, it alone
-        does (every other form and F.linear differ). Returns the admitted form's output on x (None when none
-        is admitted)."""
+        own conv: a form is admitted only when it gives the conv's bits (admission.bits_equal) on both and, on
+        the second, it alone does (every other form and F.linear differ). Returns (the admitted form or None,
+        how the probe decided, the admitted form's output on x or None); the caller keeps the verdict
+        (_VERDICTS.decide: an exception here is kept as nothing)."""
         with torch.no_grad():
             cands = forms_for(x.dtype)
             P = x.shape[0]
             outs = {f: self.run(x, f) for f in cands}
-            call = {f: _ndiff(o, ref) for f, o in outs.items()}
+            exact = {f: bits_equal(o, ref) for f, o in outs.items()}
+            call = {f: count_differences(o, ref) for f, o in outs.items()}
             w, b = self.proj.weight, self.proj.bias
-            lin = _ndiff(F.linear(x.reshape(P, -1), w.detach().reshape(w.shape[0], -1),
-                                  None if b is None else b.detach()), ref)
+            lin = count_differences(F.linear(x.reshape(P, -1), w.detach().reshape(w.shape[0], -1),
+                                             None if b is None else b.detach()), ref)
             desc = ", ".join(f"{f} {n}" for f, n in call.items()) + f", F.linear {lin} of {ref.numel()} differ"
-            if not any(n == 0 for n in call.values()):
+            if not any(exact.values()):
                 form, why = None, f"no form gives the conv's bits on the call's input ({desc})"
             else:
                 form, d2 = self._discriminate(x, cands)
                 if form is None:
                     why = f"the probe input could not single out one form ({d2}; the call's input: {desc})"
-                elif call[form] != 0:
+                elif not exact[form]:
                     form, why = None, f"the probe input and the call's disagree ({d2}; the call's input: {desc})"
                 else:
                     why = f"the conv's bits on the call's input ({desc}) and alone on the probe input ({d2})"
-        self.record(sig, form, why)
-        return None if form is None else outs[form]
+        return form, why, None if form is None else outs[form]
 
     def _discriminate(self, x: torch.Tensor, cands: tuple):
         """(the one form that gives the conv's bits, or None; what each gave) on a second input of x's shape and
@@ -273,14 +303,17 @@ class _State:
         wt.copy_(ws.reshape(w.shape))
         bt = None if b is None else (torch.randn(b.shape, generator=g) * 4).to(b.dtype)
         ref = proj._conv_forward(xt, wt, bt).reshape(P, -1)
-        res = {}
+        res, exact = {}, []
         for f in cands:
             packed = torch.ops.opgym.patch_embed_pack(wt, f, -1)
-            res[f] = _ndiff(self.run(xt, f, packed, wt, bt), ref)
-        lin = _ndiff(F.linear(xt.reshape(P, -1), wt.reshape(w.shape[0], -1), bt), ref)
+            out = self.run(xt, f, packed, wt, bt)
+            res[f] = count_differences(out, ref)
+            if bits_equal(out, ref):
+                exact.append(f)
+        lin_out = F.linear(xt.reshape(P, -1), wt.reshape(w.shape[0], -1), bt)
+        lin = count_differences(lin_out, ref)
         d2 = ", ".join(f"{f} {n}" for f, n in res.items()) + f", F.linear {lin} of {ref.numel()} differ"
-        exact = [f for f, n in res.items() if n == 0]
-        return (exact[0] if len(exact) == 1 and lin > 0 else None), d2
+        return (exact[0] if len(exact) == 1 and not bits_equal(lin_out, ref) else None), d2
 
 
 def _short(dtype) -> str:
@@ -311,15 +344,26 @@ def _make_forward(module: nn.Module, counters, devices, notes: dict):
                 ref = hf_forward(hidden_states)
         except Exception:  # noqa: BLE001 - HF's own error: the fallback runs HF's forward again and raises it
             return "HF's forward raised on this input (no verdict kept)"
-        try:
+        got = {}
+
+        def probe():
+            form, why, out = state.probe(sig, rows(hidden_states), ref.reshape(sig[1], -1))
+            got["out"] = out
+            return form, why
+
+        v = state.decide(sig, probe)  # the model never raises because of opgym: a probe's error is a Failed
+        if not v:  # the probe raised: this call is HF's, nothing is kept, the next call probes again
+            note(sig, None, f"{v.reason} (not kept: the next call probes again)")
+            state.local.result = (hidden_states, ref)
+            return v.reason
+        form = v[0]
+        out = got.get("out")
+        if form is not None and out is None:  # decided by another thread meanwhile
             with torch.no_grad():
-                out = state.probe(sig, rows(hidden_states), ref.reshape(sig[1], -1))
-        except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
-            state.record(sig, None, f"the probe failed ({type(e).__name__}: {e})")
-            out = None
-        note(sig, state.verdict(sig)[1], state.why(sig))
-        state.local.result = (hidden_states, out.view(-1, E) if out is not None else ref)
-        return None if out is not None else f"no exact form at {_short(sig[0])} P={sig[1]} ({sig[2]} threads)"
+                out = state.run(rows(hidden_states), form)
+        note(sig, form, v[1])
+        state.local.result = (hidden_states, out.view(-1, E) if form is not None else ref)
+        return None if form is not None else f"no exact form at {_short(sig[0])} P={sig[1]} ({sig[2]} threads)"
 
     def kept(hidden_states):
         r = getattr(state.local, "result", None)
