@@ -2,11 +2,10 @@
 ABI): schemas, fake kernels with the real kernels' checks, autograd rules (opgym/_meta.py)."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ... import _meta as m
+from ..rms_norm import meta as rms_norm_meta
 
 
 def define() -> None:
@@ -19,28 +18,16 @@ def define() -> None:
 
 
 def check(x, residual, weight, eps, mode, op) -> torch.dtype:
-    """The CPU kernel's checks (add_rms_norm.cpp); returns the normalized output's dtype."""
+    """The CPU kernel's checks (add_rms_norm.cpp): the residual's, then RMSNorm's own; returns the normalized
+    output's dtype."""
     m.check_tensor(x, "x", op)
     m.check_tensor(residual, "residual", op)
-    m.check_tensor(weight, "weight", op)
-    if not 1 <= x.dim() <= 8:
-        raise ValueError(f"opgym::{op}: x must have 1 to 8 dims, got {x.dim()}")
     if residual.dtype != x.dtype:
         raise ValueError(f"opgym::{op}: residual must have dtype {m.dtype_name(x.dtype)} (x's: HF adds the residual "
                          f"in the activations' dtype), got {m.dtype_name(residual.dtype)}")
     m.check_same_shape(residual, "residual", x, "x", op)
-    if weight.dim() != 1:
-        raise ValueError(f"opgym::{op}: weight must be 1-D of size {x.shape[-1]} (the last dim of x), "
-                         f"got shape {m.sizes(weight)}")
-    m.value_check(weight.shape[0] == x.shape[-1], f"opgym::{op}: weight must have shape [{x.shape[-1]}] "
-                  f"(the last dim of x), got {m.sizes(weight)}")
-    if mode not in ("hf", "fp32"):
-        raise ValueError(f"opgym::{op}: mode must be 'hf' or 'fp32', got '{mode}'")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"opgym::{op}: eps must be a finite number >= 0, got {eps}")
     m.check_device(residual, "residual", x, "x", op)
-    m.check_device(weight, "weight", x, "x", op)
-    return torch.promote_types(weight.dtype, x.dtype)
+    return rms_norm_meta.check(x, weight, eps, mode, op)
 
 
 def _fake(x, residual, weight, eps, mode="hf", weight_offset=False):

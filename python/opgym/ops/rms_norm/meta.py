@@ -23,22 +23,23 @@ def define() -> None:
              ns="opgym_internal")
 
 
-def check(x, weight, eps, mode) -> torch.dtype:
-    """The CPU kernel's checks (rms_norm.cpp); returns the output dtype."""
-    m.check_tensor(x, "x", OP)
-    m.check_tensor(weight, "weight", OP)
+def check(x, weight, eps, mode, op: str = OP) -> torch.dtype:
+    """The CPU kernel's checks (rms_norm.cpp; add_rms_norm's run them too, under its own name); returns the
+    output dtype."""
+    m.check_tensor(x, "x", op)
+    m.check_tensor(weight, "weight", op)
     if not 1 <= x.dim() <= 8:
-        raise ValueError(f"opgym::rms_norm: x must have 1 to 8 dims, got {x.dim()}")
+        raise ValueError(f"opgym::{op}: x must have 1 to 8 dims, got {x.dim()}")
     if weight.dim() != 1:
-        raise ValueError(f"opgym::rms_norm: weight must be 1-D of size {x.shape[-1]} (the last dim of x), "
+        raise ValueError(f"opgym::{op}: weight must be 1-D of size {x.shape[-1]} (the last dim of x), "
                          f"got shape {m.sizes(weight)}")
-    m.value_check(weight.shape[0] == x.shape[-1], f"opgym::rms_norm: weight must have shape [{x.shape[-1]}] "
+    m.value_check(weight.shape[0] == x.shape[-1], f"opgym::{op}: weight must have shape [{x.shape[-1]}] "
                   f"(the last dim of x), got {m.sizes(weight)}")
     if mode not in ("hf", "fp32"):
-        raise ValueError(f"opgym::rms_norm: mode must be 'hf' or 'fp32', got '{mode}'")
+        raise ValueError(f"opgym::{op}: mode must be 'hf' or 'fp32', got '{mode}'")
     if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"opgym::rms_norm: eps must be a finite number >= 0, got {eps}")
-    m.check_device(weight, "weight", x, "x", OP)
+        raise ValueError(f"opgym::{op}: eps must be a finite number >= 0, got {eps}")
+    m.check_device(weight, "weight", x, "x", op)
     return torch.promote_types(weight.dtype, x.dtype)
 
 
