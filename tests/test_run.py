@@ -52,7 +52,9 @@ def bf16_ulp(x: float) -> float:
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "report.json"
-    r = opgym_run(*TINY, "--report", str(out))
+    # The MLPs merged (the op counts below are the merged form's): in auto the merge is exact on these tiny
+    # bf16 shapes, but whether it or the activation-only form runs is a timing race on this machine.
+    r = opgym_run(*TINY, "--report", str(out), env={"OPGYM_SWIGLU_MODE": "merged"})
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(out.read_text()), r
 

@@ -160,7 +160,8 @@ def _storage_bytes(model):
     return total
 
 
-def test_qwen2_5_vl_mlps_fused_bit_identical_and_undo(qwen25vl):
+def test_qwen2_5_vl_mlps_fused_bit_identical_and_undo(qwen25vl, monkeypatch):
+    monkeypatch.setenv("OPGYM_SWIGLU_MODE", "merged")  # the merged form, whatever the speed race would pick
     model, inputs = qwen25vl
     names = {"model.visual.blocks.0.mlp", "model.visual.blocks.1.mlp", "model.language_model.layers.0.mlp",
              "model.language_model.layers.1.mlp"}
@@ -280,7 +281,8 @@ def test_what_it_cannot_serve_is_skipped_with_the_reason():
         assert "hook" in handle.skipped["hooked"]
 
 
-def test_compile_whole_patched_model_fullgraph():
+def test_compile_whole_patched_model_fullgraph(monkeypatch):
+    monkeypatch.setenv("OPGYM_SWIGLU_MODE", "merged")  # the merged form, whatever the speed race would pick
     import torch._dynamo
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -297,3 +299,77 @@ def test_compile_whole_patched_model_fullgraph():
             got = torch.compile(model, fullgraph=True, backend=backend)(ids).logits
     assert len(graphs) == 1 and graphs[0].count("torch.ops.opgym.swiglu_merged") == 2
     assert torch.equal(got, ref)
+
+
+# ---- where both forms are exact, the faster one on this machine, measured ----------------------------
+
+def test_fastest_picks_the_form_that_took_least_time():
+    import time
+
+    from opgym import admission
+
+    calls = []
+    slow = lambda: (calls.append("slow"), time.sleep(0.003))  # noqa: E731
+    quick = lambda: calls.append("quick")  # noqa: E731
+    won, times = admission.fastest({"slow": slow, "quick": quick}, rounds=3)
+    assert won == "quick" and times["slow"] >= 0.003 > times["quick"]
+    assert calls.count("slow") == calls.count("quick") == 4  # one warm-up + 3 rounds each, interleaved
+    with pytest.raises(ValueError, match="forms must name at least one form"):
+        admission.fastest({})
+
+
+def _count_ops(fn):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        out = fn()
+    return out, seen
+
+
+@pytest.mark.parametrize("winners", [("act", "act"), ("act", "merged"), ("merged", "act")])
+def test_auto_runs_the_form_the_race_measured_faster(winners, monkeypatch):
+    """In auto, an MLP whose merged GEMM is exact runs, per call, the form the race timed faster for its row
+    count (decode's one row; a prefill slice): the race is faked here to fix its outcome, and the counted
+    operators show which form ran. Logits stay HF's whatever it decides."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from opgym import admission
+    from opgym.ops.swiglu import integration, merge
+
+    admission.clear_all()
+    rows = iter(winners)  # the race's winner at 1 row, then at 64 rows
+
+    def fake_fastest(forms, rounds=5, device="cpu"):
+        won = next(rows)
+        return won, {n: (0.001 if n == won else 0.002) for n in forms}
+
+    monkeypatch.setattr(merge, "fastest", fake_fastest)
+    monkeypatch.setattr(merge, "probe", lambda *a: (True, False))  # both forms exact: the race decides
+    monkeypatch.setattr(integration, "probe", lambda *a: (True, False))
+    cfg = Qwen2Config(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, intermediate_size=48)
+    torch.manual_seed(0)
+    m = Qwen2ForCausalLM(cfg).eval().to(torch.bfloat16)
+    short, long = torch.tensor([[5]]), torch.arange(3, 3 + merge.DECODE_ROWS + 4)[None]
+    with torch.no_grad():
+        ref = [m(short).logits, m(long).logits]
+        with opgym.patch(m, ops=("swiglu",)) as h:
+            (note,) = h.notes.values()
+            assert (f"fastest measured: 1 row merged {1 + (winners[0] != 'merged'):.3f} ms" in note
+                    and f"-> {winners[0]}; 64 rows merged" in note and note.endswith(f"-> {winners[1]}")), note
+            mlp = m.model.layers[0].mlp
+            shared = mlp.up_proj.weight.data_ptr() == mlp.gate_proj.weight.data_ptr() + mlp.gate_proj.weight.nbytes
+            assert shared == ("merged" in winners), note  # merged only when it won somewhere
+            for x, won, want in zip((short, long), winners, ref):
+                got, ops = _count_ops(lambda: m(x).logits)
+                assert torch.equal(got, want)
+                assert ("opgym.swiglu_merged" in ops) == (won == "merged"), (won, sorted(set(ops)))
+            assert h.stats()["ops"]["swiglu"]["fused"] == 2
+    admission.clear_all()

@@ -16,6 +16,9 @@ that class unserved. A probe builds its inputs on the device it is given, never 
 default device (`torch.device("meta")` as a context manager, as HF's tests use it, would otherwise make
 them meta tensors): `decide` runs it under `torch.device(device)` and no_grad.
 
+Where several forms are exact, the faster one on this machine is chosen by measurement (`fastest`), never
+by a fixed preference; the choice is a verdict like any other (cached per signature and environment).
+
 One bit comparison (`bits_equal`): same shape, same dtype, and every element's bit pattern the same,
 so -0.0 and +0.0 differ; NaNs are the one exception: any NaN equals any NaN (torch's kernels do not
 promise one NaN payload, and a NaN is the same value to every consumer).
@@ -23,6 +26,7 @@ promise one NaN payload, and a NaN is the same value to every consumer).
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
@@ -185,3 +189,27 @@ def count_differences(a: torch.Tensor, b: torch.Tensor) -> int:
         return int((a != b).sum())
     a, b = a.contiguous(), b.contiguous()
     return int(((a.view(view) != b.view(view)) & ~(torch.isnan(a) & torch.isnan(b))).sum())
+
+
+def fastest(forms: dict, rounds: int = 5, device="cpu") -> tuple:
+    """Of several forms already proven exact (name -> a no-argument callable that runs the form once on
+    inputs it holds), the one that takes least time here: each runs once to warm up, then `rounds`
+    interleaved rounds (every form once per round, the order rotated each round so none always runs
+    after the same neighbour); a form's time is its minimum over the rounds (the least disturbed). Returns
+    (name, {name: seconds}); a tie goes to the form listed first. On CUDA each run is synchronized."""
+    if not forms:
+        raise ValueError("fastest: forms must name at least one form, got none")
+    names = list(forms)
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    best = {n: float("inf") for n in names}
+    for n in names:
+        forms[n]()
+    sync()
+    for r in range(max(1, rounds)):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            forms[n]()
+            sync()
+            best[n] = min(best[n], time.perf_counter() - t0)
+    return min(names, key=lambda n: (best[n], names.index(n))), best

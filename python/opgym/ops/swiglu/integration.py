@@ -17,7 +17,8 @@ Anything else is left alone; `handle.skipped` gives the reason (forms.KNOWN_UNSE
 forms opgym knows and does not fuse).
 
 Separate gate and up are merged into one [2I, H] buffer when a probe of torch's GEMM on this machine
-shows the same bits (merge.py; OPGYM_SWIGLU_MODE auto|merged|act); a long prefill then runs in row
+shows the same bits (merge.py; OPGYM_SWIGLU_MODE auto|merged|act); in auto, where both forms are exact,
+each call runs the one measured faster here for its row count (merge.race); a long prefill runs in row
 chunks where the probe allows. `handle.notes` says what was decided for each signature and why.
 
 At call time, when OPGYM_SWIGLU is not "0" and the op serves the input (a device with an opgym kernel,
@@ -33,7 +34,8 @@ import torch.nn.functional as F
 from ...guard import fingerprint, guarded, tensor_reason, wrappers
 from . import SPEC, experts
 from .forms import FORMS, KNOWN_UNSERVED, Chunked, Separate, act_kind, form_of, merged_op, pair_op, positional
-from .merge import CHUNK_ROWS, ENV_MODE, merge, mode as _mode, probe, signature  # noqa: F401 (re-exported)
+from .merge import (CHUNK_ROWS, DECODE_ROWS, ENV_MODE, merge, mode as _mode, probe, race,  # noqa: F401 (re-exported)
+                    race_note, signature)
 
 ENV_SWITCH = SPEC.switch
 
@@ -52,7 +54,9 @@ def _fallback_reason(x, w, devices) -> str | None:
 
 
 def _separate_forward(mlp: nn.Module, form: Separate, kind: str, merge_it: bool, chunk: bool, handle, counters,
-                      devices):
+                      devices, merged_for=(True, True)):
+    """merged_for: (decode calls, prefill calls) take the merged GEMM (else the activation-only form on the
+    same Linears, whose weights are then views of the merged buffer): both exact, the race chose."""
     hf_forward = type(mlp).forward.__get__(mlp)
     gate, up, down = form.linears(mlp)
     act, merged = pair_op(kind), merged_op(kind)
@@ -79,6 +83,8 @@ def _separate_forward(mlp: nn.Module, form: Separate, kind: str, merge_it: bool,
                     return act_only(x)
                 w, b = state.current()
             rows = x.numel() // H if H else 0
+            if not merged_for[rows >= DECODE_ROWS] and not torch.compiler.is_compiling():
+                return act_only(x)  # both exact; the activation-only form measured faster at this row count
             if not state.chunk or rows <= CHUNK_ROWS or torch.compiler.is_compiling():
                 return finish(down(merged(F.linear(x, w, b))))
             # Prefill: CHUNK_ROWS rows at a time (the probe showed the GEMMs give the same bits).
@@ -106,13 +112,24 @@ def _serve_separate(name: str, mlp: nn.Module, form: Separate, handle, devices, 
                f"forced by {ENV_MODE}=merged (the probe found the merged GEMM's bits differ)" if merge_it else
                "merged GEMM's bits differ from the separate GEMMs' (probe): activation only")
         chunk = chunk and merge_it
+    merged_for, raced = (True, True), ""
+    if mode == "auto" and merge_it:
+        r = race(gate, up, down, kind)
+        if r is not None:  # decode's verdict, then the prefill slice's
+            merged_for = tuple(r[T][0] == "merged" for T in sorted(r))
+            raced = "; " + race_note(r)
+            if not any(merged_for):
+                merge_it, chunk = False, False
+                why = "both forms exact (probe); the activation-only form measured faster at every row count"
+        else:
+            raced = "; the speed race raised: merged kept"
     sig = signature(gate, down, kind)
     note = (f"{'merged' if merge_it else 'act'}: {why}"
-            + (f"; prefill in chunks of {CHUNK_ROWS} rows (same bits, probe)" if chunk else ""))
+            + (f"; prefill in chunks of {CHUNK_ROWS} rows (same bits, probe)" if chunk else "") + raced)
     act = "" if kind == "silu" else f" {kind}"
     handle.notes[f"swiglu {str(sig[0]).replace('torch.', '')} H{sig[2]} I{sig[3]}{' bias' if sig[5] else ''}{act}"] = note
     handle.replace_forward(mlp, "swiglu", name, _separate_forward(mlp, form, kind, merge_it, chunk, handle,
-                                                                  handle.counters("swiglu"), devices))
+                                                                  handle.counters("swiglu"), devices, merged_for))
 
 
 def _serve_other(name: str, mlp: nn.Module, form, handle, devices) -> None:
