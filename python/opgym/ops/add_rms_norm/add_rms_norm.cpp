@@ -16,40 +16,24 @@
 
 #include "csrc/stable.hpp"
 #include "opgym/opgym.hpp"
+#include "ops/rms_norm/rms_norm_stable.hpp"
 
 namespace {
 
 using namespace opgym_stable;  // NOLINT(google-build-using-namespace): the shared helpers
 
-// Returns the normalized output's dtype.
+// The residual's checks, then RMSNorm's own under this op's name (meta.py's check runs the same, in
+// this order). Returns the normalized output's dtype.
 ScalarType check_add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
                               const std::string& mode, const char* op) {
-  const opgym::DType xd = check_tensor_arg(x, "x", op);
+  check_tensor_arg(x, "x", op);
   check_tensor_arg(residual, "residual", op);
-  const opgym::DType wd = check_tensor_arg(weight, "weight", op);
-  OPGYM_CHECK_VALUE(x.dim() >= 1 && x.dim() <= opgym::kMaxRank, "opgym::", op, ": x must have 1 to ", opgym::kMaxRank,
-                    " dims, got ", x.dim());
   OPGYM_CHECK_VALUE(residual.scalar_type() == x.scalar_type(), "opgym::", op, ": residual must have dtype ",
                     dtype_name(x.scalar_type()), " (x's: HF adds the residual in the activations' dtype), got ",
                     dtype_name(residual.scalar_type()));
   check_same_shape(residual, "residual", x, "x", op);
-  OPGYM_CHECK_VALUE(weight.dim() == 1, "opgym::", op, ": weight must be 1-D of size ", x.size(-1),
-                    " (the last dim of x), got shape ", sizes_of(weight));
-  OPGYM_CHECK_VALUE(weight.size(0) == x.size(-1), "opgym::", op, ": weight must have shape [", x.size(-1),
-                    "] (the last dim of x), got ", sizes_of(weight));
-  OPGYM_CHECK_VALUE(mode == "hf" || mode == "fp32", "opgym::", op, ": mode must be 'hf' or 'fp32', got '", mode, "'");
-  OPGYM_CHECK_VALUE(std::isfinite(eps) && eps >= 0, "opgym::", op, ": eps must be a finite number >= 0, got ", eps);
   check_device(residual, "residual", x, "x", op);
-  check_device(weight, "weight", x, "x", op);
-  return to_torch_dtype(opgym::rms_norm_out_dtype(xd, wd));
-}
-
-opgym::RmsNormOptions options(double eps, const std::string& mode, bool weight_offset) {
-  opgym::RmsNormOptions o;
-  o.eps = eps;
-  o.mode = opgym::parse_mode(mode);
-  o.weight_offset = weight_offset;
-  return o;
+  return check_rms_norm(x, weight, eps, mode, op);
 }
 
 std::tuple<Tensor, Tensor> add_rms_norm_cpu(Tensor x, Tensor residual, Tensor weight, double eps, std::string mode,
@@ -59,7 +43,7 @@ std::tuple<Tensor, Tensor> add_rms_norm_cpu(Tensor x, Tensor residual, Tensor we
   Tensor sum = empty_output(x.sizes(), x.scalar_type());
   translate_errors("add_rms_norm", [&] {
     opgym::add_rms_norm(view_of(x), view_of(residual), view_of(weight), view_of(out), view_of(sum),
-                        options(eps, mode, weight_offset), &executor());
+                        rms_norm_options(eps, mode, weight_offset), &executor());
   });
   return {out, sum};
 }
@@ -72,7 +56,7 @@ void add_rms_norm_inplace_cpu(Tensor x, Tensor residual, Tensor weight, double e
                     "; use opgym::add_rms_norm");
   translate_errors("add_rms_norm_", [&] {
     opgym::add_rms_norm(view_of(x), view_of(residual), view_of(weight), view_of(x), view_of(residual),
-                        options(eps, mode, weight_offset), &executor());
+                        rms_norm_options(eps, mode, weight_offset), &executor());
   });
 }
 

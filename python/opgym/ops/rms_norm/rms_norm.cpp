@@ -17,39 +17,16 @@
 
 #include "csrc/stable.hpp"
 #include "opgym/opgym.hpp"
+#include "ops/rms_norm/rms_norm_stable.hpp"
 
 namespace {
 
 using namespace opgym_stable;  // NOLINT(google-build-using-namespace): the shared helpers
 
-// Layout, dtype, rank, weight's shape and device, mode, eps. Returns the output dtype.
-ScalarType check_rms_norm(const Tensor& x, const Tensor& weight, double eps, const std::string& mode) {
-  const opgym::DType xd = check_tensor_arg(x, "x", "rms_norm");
-  const opgym::DType wd = check_tensor_arg(weight, "weight", "rms_norm");
-  OPGYM_CHECK_VALUE(x.dim() >= 1 && x.dim() <= opgym::kMaxRank, "opgym::rms_norm: x must have 1 to ", opgym::kMaxRank,
-                    " dims, got ", x.dim());
-  OPGYM_CHECK_VALUE(weight.dim() == 1, "opgym::rms_norm: weight must be 1-D of size ", x.size(-1),
-                    " (the last dim of x), got shape ", sizes_of(weight));
-  OPGYM_CHECK_VALUE(weight.size(0) == x.size(-1), "opgym::rms_norm: weight must have shape [", x.size(-1),
-                    "] (the last dim of x), got ", sizes_of(weight));
-  OPGYM_CHECK_VALUE(mode == "hf" || mode == "fp32", "opgym::rms_norm: mode must be 'hf' or 'fp32', got '", mode, "'");
-  OPGYM_CHECK_VALUE(std::isfinite(eps) && eps >= 0, "opgym::rms_norm: eps must be a finite number >= 0, got ", eps);
-  check_device(weight, "weight", x, "x", "rms_norm");
-  return to_torch_dtype(opgym::rms_norm_out_dtype(xd, wd));
-}
-
-opgym::RmsNormOptions options(double eps, const std::string& mode, bool weight_offset) {
-  opgym::RmsNormOptions o;
-  o.eps = eps;
-  o.mode = opgym::parse_mode(mode);
-  o.weight_offset = weight_offset;
-  return o;
-}
-
 void run_core(const Tensor& x, const Tensor& weight, const Tensor& out, double eps, const std::string& mode,
               bool weight_offset) {
   translate_errors("rms_norm", [&] {
-    opgym::rms_norm(view_of(x), view_of(weight), view_of(out), options(eps, mode, weight_offset), &executor());
+    opgym::rms_norm(view_of(x), view_of(weight), view_of(out), rms_norm_options(eps, mode, weight_offset), &executor());
   });
 }
 
