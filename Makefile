@@ -14,7 +14,8 @@ CMAKE_ARGS ?=
 
 .PHONY: all deps venv build build-san build-cuda wheel test test-full test-cpp test-san test-fuzz test-python \
         test-python-full test-huge test-hf test-hf-ci test-hf-full test-wheel-torch install-python run bench coverage \
-        coverage-old coverage-full clean venv-vllm install-vllm test-vllm serve-bench venv-torch-next
+        coverage-old coverage-full clean venv-vllm install-vllm test-vllm serve-bench venv-torch-next \
+        test-torch-matrix
 
 all: build
 
@@ -47,10 +48,17 @@ SKBUILD_ARGS := -C build-dir=build -C cmake.define.OPGYM_BUILD_TESTS=ON -C cmake
 # runs side by side never build or install the same thing twice at once.
 SOURCES := $(shell git ls-files -- src include python cmake tools CMakeLists.txt pyproject.toml 2>/dev/null || \
              find src include python cmake tools -type f)
+# auditwheel: the linux_x86_64 wheel retagged manylinux_X_Y for the oldest glibc/libstdc++ its symbols need
+# (this Debian 12 build host: manylinux_2_35); nothing is grafted (Sleef is torch's own exports), and torch's
+# libraries (libtorch*, libc10*, CUDA's) are excluded: the user's torch provides them.
+AUDITWHEEL_REPAIR = PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m auditwheel repair -w dist --exclude 'libtorch*' \
+  --exclude 'libc10*' --exclude 'libcud*' --exclude 'libcublas*' dist/opgym-*-linux_x86_64.whl 2>&1 | grep -v '^INFO' || true; \
+  test -n "$$(ls dist/opgym-*-manylinux_*.whl)" && rm dist/opgym-*-linux_x86_64.whl
 dist/.built: $(SOURCES) $(VENV)/.requirements
 	$(MAKE) --no-print-directory deps
 	rm -rf dist
 	$(PY) -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps $(SKBUILD_ARGS) -w dist .
+	$(AUDITWHEEL_REPAIR)
 	touch $@
 wheel: dist/.built
 build: wheel
@@ -112,7 +120,7 @@ test:
 # `make test-full`: the rest too - the long Python tests, huge tensors, timed fuzzing (60 s a target), the
 # CUDA build, transformers' tests for every family, the wheel under another torch, the whole model zoo.
 FULL_STAGES := deps venv wheel test-cpp test-san test-fuzz-long test-python test-python-full test-huge test-vllm test-hf-full build-cuda \
-               test-wheel-torch coverage-full
+               test-wheel-torch test-torch-matrix coverage-full
 test-full:
 	scripts/stages.sh $(FULL_STAGES)
 
@@ -194,6 +202,23 @@ venv-torch-next: $(VENV_TORCH_NEXT)/.requirements-$(TORCH_NEXT)
 test-wheel-torch: wheel venv-torch-next
 	$(VENV_TORCH_NEXT)/bin/python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall dist/opgym-*.whl
 	cd tests && ../$(VENV_TORCH_NEXT)/bin/python wheel_check.py
+
+# The same wheel under every torch release the package declares, and one below the floor (`make test-full`;
+# 2.14.1 runs in `make test` above). A venv per release (.venv-torch-<v>, about 5.5 GB each: CUDA builds that
+# run on the CPU) with the pinned transformers; PIP_CONSTRAINT=/dev/null lifts this machine kind's cap on torch
+# (its disk holds 2.13.0 and 2.14.1; pip fetches the others from PyPI). Below TORCH_FLOOR the wheel must load
+# nothing, warn once naming the torch found and the range, and leave the model exact (tests/wheel_check.py).
+TORCH_MATRIX ?= 2.10.0 2.11.0 2.12.1 2.15.0
+.venv-torch-%/.requirements: requirements.txt
+	test -x .venv-torch-$*/bin/python || python3 -m venv .venv-torch-$*
+	PIP_CONSTRAINT=/dev/null .venv-torch-$*/bin/python -m pip install -q --disable-pip-version-check torch==$* \
+	  $$(grep -E '^(transformers|numpy)==' requirements.txt)
+	touch $@
+test-torch-matrix: wheel $(foreach v,$(TORCH_MATRIX),.venv-torch-$(v)/.requirements)
+	for v in $(TORCH_MATRIX); do \
+	  .venv-torch-$$v/bin/python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall dist/opgym-*.whl; \
+	  (cd tests && ../.venv-torch-$$v/bin/python wheel_check.py) || exit 1; \
+	done
 
 clean:
 	rm -rf build build-san build-cuda build-asan build-fuzz build-python _skbuild dist *.egg-info

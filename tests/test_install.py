@@ -3,11 +3,13 @@ the extension checks, and where the compiled operators cannot load, `import opgy
 never raise: patch warns once, names the torch found and the range, and leaves the model as it is."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,25 @@ def test_the_stable_library_needs_only_torch_and_the_c_runtime():
     assert "libtorch_cpu.so" in needed and needed - runtime - {"libtorch_cpu.so"} == set(), needed
     undefined = _elf("nm", "-D", "--undefined-only", lib).split()
     assert not [s for s in undefined if s.startswith(("Py", "_Py"))]
+
+
+def test_the_built_wheel_is_manylinux_and_auditwheel_agrees():
+    """`make wheel` repairs the wheel with auditwheel (the Makefile's AUDITWHEEL_REPAIR): one py3-none wheel
+    tagged manylinux_X_Y for the oldest glibc its symbols need, no library grafted into it (Sleef comes
+    from torch), torch's own libraries left to the user's torch; `auditwheel show` reads it as that tag."""
+    wheels = sorted((REPO / "dist").glob("opgym-*.whl"))
+    if not wheels:
+        pytest.skip("no wheel in dist/ (make wheel builds it)")
+    assert len(wheels) == 1 and "-py3-none-manylinux_" in wheels[0].name, wheels
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    assert not [n for n in names if ".libs/" in n], names  # nothing grafted (auditwheel's <pkg>.libs/)
+    tag = wheels[0].name.split("-py3-none-")[1].removesuffix(".whl")
+    show = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", str(wheels[0])], capture_output=True,
+                          text=True, env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"))
+    assert show.returncode == 0, show.stderr
+    report = json.loads(show.stdout)
+    # auditwheel's verdict from the symbols is the wheel's tag; its one objection is torch's own library
+    # (which `show`, unlike `repair --exclude`, cannot be told the user's torch provides)
+    assert report["sym_tag"] == tag and not report["unsupported_isa"], report
+    assert report["external_libs"] and all(lib.startswith(("libtorch", "libc10", "libcud", "libcublas"))
+                                           for lib in report["external_libs"]), report["external_libs"]
