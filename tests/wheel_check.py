@@ -1,5 +1,6 @@
 """The wheel `make wheel` built, installed with --no-deps into a venv that has another torch release
-(`make test-wheel-torch`, in `make test-full`): a patched model never raises and keeps HF's logits.
+(`make test-wheel-torch` in `make test`; `make test-torch-matrix`, every declared release and one below the
+floor, in `make test-full`): a patched model never raises and keeps HF's logits.
 
 Prints what loaded there and what each op did. opgym/_stable.so (the ops on torch's stable ABI) must load
 and serve under any torch from the floor on: those ops fused, logits identical. opgym/_C.so (the ops not
@@ -43,10 +44,18 @@ def main() -> int:
         print(f"  {op:13s} {'stable ABI' if op in stable else 'per-torch '}  "
               f"{h.skipped.get(f'<{op}>', 'served' if op in h.patched_by_op and h.patched_by_op[op] else 'nothing to serve')[:150]}")
     unserved_stable = [op for op in stable if op in opgym.SUPPORTED_OPS and f"<{op}>" in h.skipped]
+    warned = [str(x.message) for x in w if "opgym.patch" in str(x.message)]
+    if _library._torch_version() < _library.TORCH_FLOOR:  # below the floor: nothing loads, nothing raises
+        # one warning, naming the torch found and the range supported; the model left exactly as it was
+        print(f"below the floor (torch {_library.TORCH_FLOOR[0]}.{_library.TORCH_FLOOR[1]}): "
+              f"{warned[0] if warned else 'NO WARNING'}")
+        ok = (not loaded and same and h.stats()["fused"] == 0 and len(warned) == 1
+              and torch.__version__ in warned[0] and _library.TORCH_SUPPORTED in warned[0])
+        print("wheel check:", "passed" if ok else "FAILED")
+        return 0 if ok else 1
     ok = loaded and same and h.stats()["fused"] > 0 and not unserved_stable
     if _library._native_error:  # the per-torch ops: skipped with the reason, one warning
-        warned = [x for x in w if "opgym.patch" in str(x.message) and "not served" in str(x.message)]
-        ok = ok and len(warned) == 1 and all(f"<{op}>" in h.skipped for op in opgym.SUPPORTED_OPS if op not in stable)
+        ok = ok and len([m for m in warned if "not served" in m]) == 1 and all(f"<{op}>" in h.skipped for op in opgym.SUPPORTED_OPS if op not in stable)
     print("wheel check:", "passed" if ok else "FAILED")
     return 0 if ok else 1
 
