@@ -155,3 +155,43 @@ def test_torch_save_of_a_merged_model_round_trips(family, monkeypatch):
     finally:
         for x in handles:
             x.undo()
+
+
+# ---- the guard's first-call hook ---------------------------------------------------------------
+
+@pytest.mark.parametrize("outcome", ["admitted", "refused", "hf_raised", "probe_raised"])
+def test_first_call_hook_serves_the_probed_call_and_counts_it(outcome):
+    """A signature with no verdict: check returns FIRST_CALL and the guard's first_call hook serves the call
+    from what its probe computed (the admitted form's result, or HF's own), counted with the reason; when it
+    has no result, or raises, HF's forward runs: the model never raises because of opgym."""
+    from opgym import guard
+
+    stats = guard.Stats()
+    calls = []
+    verdict = {}
+
+    def first_call(x):
+        calls.append("first_call")
+        if outcome == "probe_raised":
+            raise RuntimeError("probe broke")
+        verdict["known"] = True
+        if outcome == "admitted":
+            return None, x + 1
+        if outcome == "refused":
+            return "no exact form here", x + 2
+        return "HF's forward raised on this input", None
+
+    call = guard.guarded("OPGYM_TEST_FIRST_CALL", [stats], lambda x: (calls.append("fused"), x + 1)[1],
+                         lambda x: (calls.append("fallback"), x + 2)[1],
+                         lambda x: None if verdict else guard.FIRST_CALL, first_call=first_call)
+    x = torch.zeros(2)
+    out = call(x)
+    want = {"admitted": (1.0, ["first_call"], 1, {}),
+            "refused": (2.0, ["first_call"], 0, {"no exact form here": 1}),
+            "hf_raised": (2.0, ["first_call", "fallback"], 0, {"HF's forward raised on this input": 1}),
+            "probe_raised": (2.0, ["first_call", "fallback"], 0, {"opgym error: RuntimeError": 1})}[outcome]
+    assert (out[0].item(), calls, stats.fused, stats.reasons) == want
+    if outcome != "probe_raised":  # decided: the next call takes the ordinary path, no probe
+        calls.clear()
+        call(x)
+        assert calls == ["fused"]

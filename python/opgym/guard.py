@@ -13,7 +13,13 @@ The guarded call is the one shape every patched forward has:
 - an exception from the fused path runs the fallback: the model never raises because of opgym; the
   reason counted is `full_check`'s (the op's own checks, named) or "opgym error: <type>";
 - under torch.compile the same decisions are made once per graph (dynamo guards on what they read)
-  and nothing is counted: a Python counter there would make dynamo recompile on every call.
+  and nothing is counted: a Python counter there would make dynamo recompile on every call;
+- the first call of a signature with no verdict yet: `check` returns FIRST_CALL and the guard calls
+  `first_call(*args)`, which probes (opgym.admission) on the call's own input and returns (reason,
+  out): out is this call's result (the admitted form's, equal to HF's bit for bit, or HF's own that
+  the probe computed), counted fused when reason is None; out None runs the fallback. An op whose
+  probe needs the call's input (patch_embed: the conv's bits depend on it) uses it; others probe at
+  patch time.
 """
 from __future__ import annotations
 
@@ -203,11 +209,20 @@ def layout_reason(tensors: tuple) -> str | None:
 
 # ---- the guarded call ---------------------------------------------------------------------------
 
+class _FirstCall:
+    def __repr__(self) -> str:
+        return "FIRST_CALL"
+
+
+FIRST_CALL = _FirstCall()  # what `check` returns for a signature the op has not decided yet
+
+
 def guarded(switch: str, counters, fused: Callable, fallback: Callable, check: Callable,
-            full_check: Callable | None = None) -> Callable:
+            full_check: Callable | None = None, first_call: Callable | None = None) -> Callable:
     """call(*args): fused(*args) when `switch` is on and check(*args) is None, else fallback(*args),
     counted into `counters` (see the module docstring). `full_check` names the reason after the fused
-    path raised, and is what torch.compile's trace checks up front (default: `check`)."""
+    path raised, and is what torch.compile's trace checks up front (default: `check`). `first_call`
+    serves a call whose check returned FIRST_CALL (the module docstring)."""
     traced_check = full_check or check
 
     def call(*args):
@@ -219,7 +234,16 @@ def guarded(switch: str, counters, fused: Callable, fallback: Callable, check: C
             reason = f"{switch}=0"
         else:
             reason = check(*args)
-            if reason is None:
+            if reason is FIRST_CALL:
+                try:
+                    reason, out = first_call(*args)
+                except Exception as e:  # noqa: BLE001 - a probe never makes the model raise
+                    reason, out = f"opgym error: {type(e).__name__}", None
+                if out is not None:
+                    count(counters, reason is None, reason)
+                    return out
+                reason = reason or "first call: no result"
+            elif reason is None:
                 try:
                     out = fused(*args)
                 except Exception as e:  # noqa: BLE001 - never raise because of opgym

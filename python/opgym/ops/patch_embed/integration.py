@@ -14,8 +14,9 @@ apart; at P <= 11 often none), so a second input of the same P decides, built so
 (+B/-B product pairs at each kernel position around a small accumulator, on a synthetic weight of the
 module's shape, dtype and strides, through the module's own Conv3d): there every form and F.linear differ
 from each other on most outputs. A form is admitted only when it gives the conv's bits on the call's input
-and, alone, on the second; that first call then returns the admitted form's output (counted as served:
-it is HF's bits, just checked) or HF's own (counted as a fallback with the reason). No form (bf16 on a CPU without AVX-512, where torch
+and, alone, on the second; that first call (the guard's first-call hook, opgym/guard.py) then returns
+the admitted form's output (counted as served: it is HF's bits, just checked) or HF's own (counted as a
+fallback with the reason). No form (bf16 on a CPU without AVX-512, where torch
 runs ATen's slow_conv3d; fp16 without AVX512-FP16; anything unexpected): HF's conv for that signature, with
 the reason counted. Verdicts are opgym's one admission cache (opgym/admission.py: Verdicts("patch_embed"),
 keyed by the signature, the weight and the environment - thread count, CPU capability; a probe that raises
@@ -41,7 +42,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from ...admission import Verdicts, bits_equal, count_differences
-from ...guard import FUSED_DTYPES, fingerprint, guarded, has_hooks, tensor_reason, wrappers
+from ...guard import FIRST_CALL, FUSED_DTYPES, fingerprint, guarded, has_hooks, tensor_reason, wrappers
 from . import SPEC
 
 ENV_SWITCH = SPEC.switch
@@ -156,7 +157,6 @@ class _State:
 
     def __init__(self, module: nn.Module):
         self.module = module
-        self.local = threading.local()  # the first call's result, for fused/fallback to return
 
     @property
     def proj(self) -> nn.Module:
@@ -336,14 +336,16 @@ def _make_forward(module: nn.Module, counters, devices, notes: dict):
     for sig, (form, why) in state.known().items():  # verdicts of an earlier patch of this weight
         note(sig, form, why)
 
-    def first_call(sig, hidden_states) -> str | None:
-        """A new signature: HF's conv on the call's input, the probe, the verdict noted. The call's result is
-        kept for fused/fallback to return (the admitted form's output, equal to HF's bit for bit, or HF's)."""
+    def first_call(hidden_states) -> tuple:
+        """A new signature (the guard's first-call hook): HF's conv on the call's input, the probe, the verdict
+        noted. Returns (reason, this call's result): the admitted form's output, equal to HF's bit for bit, or
+        HF's own; (reason, None) when HF's forward raised (the fallback runs it again and raises its error)."""
+        sig = state.signature(proj.weight.dtype, hidden_states.numel() // (C * T * p * p))
         try:
             with torch.no_grad():
                 ref = hf_forward(hidden_states)
         except Exception:  # noqa: BLE001 - HF's own error: the fallback runs HF's forward again and raises it
-            return "HF's forward raised on this input (no verdict kept)"
+            return "HF's forward raised on this input (no verdict kept)", None
         got = {}
 
         def probe():
@@ -354,21 +356,16 @@ def _make_forward(module: nn.Module, counters, devices, notes: dict):
         v = state.decide(sig, probe)  # the model never raises because of opgym: a probe's error is a Failed
         if not v:  # the probe raised: this call is HF's, nothing is kept, the next call probes again
             note(sig, None, f"{v.reason} (not kept: the next call probes again)")
-            state.local.result = (hidden_states, ref)
-            return v.reason
+            return v.reason, ref
         form = v[0]
+        note(sig, form, v[1])
+        if form is None:
+            return f"no exact form at {_short(sig[0])} P={sig[1]} ({sig[2]} threads)", ref
         out = got.get("out")
-        if form is not None and out is None:  # decided by another thread meanwhile
+        if out is None:  # decided by another thread meanwhile
             with torch.no_grad():
                 out = state.run(rows(hidden_states), form)
-        note(sig, form, v[1])
-        state.local.result = (hidden_states, out.view(-1, E) if form is not None else ref)
-        return None if form is not None else f"no exact form at {_short(sig[0])} P={sig[1]} ({sig[2]} threads)"
-
-    def kept(hidden_states):
-        r = getattr(state.local, "result", None)
-        state.local.result = None
-        return r[1] if r is not None and r[0] is hidden_states else None
+        return None, out.view(-1, E)
 
     def check(hidden_states) -> str | None:
         reason = tensor_reason("patch_embed", (hidden_states, proj.weight), devices)
@@ -382,27 +379,18 @@ def _make_forward(module: nn.Module, counters, devices, notes: dict):
         sig = state.signature(proj.weight.dtype, P)
         known, form = state.verdict(sig)
         if not known:
-            return first_call(sig, hidden_states)
+            return FIRST_CALL
         if form is None:
             return f"no exact form at {_short(sig[0])} P={P} ({sig[2]} threads): {state.why(sig)}"
         return None
 
     def fused(hidden_states):
-        out = kept(hidden_states)
-        if out is not None:
-            return out
         x = rows(hidden_states)
         sig = state.signature(x.dtype, x.shape[0])
         _, form = state.verdict(sig)
         return state.run(x, form).view(-1, E)
 
-    def fallback(hidden_states):
-        if torch.compiler.is_compiling():
-            return hf_forward(hidden_states)
-        out = kept(hidden_states)
-        return out if out is not None else hf_forward(hidden_states)
-
-    return guarded(ENV_SWITCH, counters, fused, fallback, check), state
+    return guarded(ENV_SWITCH, counters, fused, hf_forward, check, first_call=first_call), state
 
 
 def patch_embeds(model: nn.Module) -> list[tuple[str, nn.Module]]:
