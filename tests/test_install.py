@@ -24,6 +24,8 @@ def test_the_declared_torch_range_is_the_one_the_extension_names():
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     torch_dep = next(d for d in deps if d.startswith("torch"))
     assert torch_dep == "torch" + _library.TORCH_SUPPORTED
+    # the range starts at the stable ABI's floor, the oldest torch the library loads in
+    assert _library.TORCH_SUPPORTED.startswith(">=%d.%d," % _library.TORCH_FLOOR)
 
 
 _SCRIPT = r"""
