@@ -67,14 +67,15 @@ def _rows(draw, max_lead: int = 3, width: int = 300) -> tuple:
 
 def drawn(draw, dtype: torch.dtype) -> Sample:
     """Any rank 1..4 (leading sizes 0..5, width 1..300), rows strided or not, values at scale 1 or 100; each
-    variant (Qwen2's, OLMo-2's fp32 rounding, Gemma's 1 + weight), a weight in x's dtype or fp32 (HF's promotion,
-    Qwen2's), three eps; out of place, in place or out=."""
+    variant (Qwen2's, OLMo-2's fp32 rounding, Gemma's 1 + weight), a weight in x's dtype or any other float dtype
+    (torch's promotion; fp32 is Qwen2's), four eps (0 among them); out of place, in place or out=."""
     shape = _rows(draw)
     x = draw.tensor(shape, dtype, draw.choice((1.0, 100.0)))
     variant = draw.choice(("hf", "fp32", "gemma"))
-    wdt = draw.choice((dtype, torch.float32)) if variant == "hf" else dtype
+    # a weight of x's dtype, fp32 (Qwen2's promotion) or any other float dtype (torch's promotion either way)
+    wdt = draw.choice((dtype, torch.float32, torch.bfloat16, torch.float16)) if variant == "hf" else dtype
     w = rand(shape[-1:], wdt, draw.seed(), 0.1) + (0 if variant == "gemma" else 1)
-    eps = draw.choice((1e-6, 1e-5, 0.5))
+    eps = draw.choice((1e-6, 1e-5, 0.0, 0.5))
     ref = {"hf": qwen2, "fp32": olmo2, "gemma": gemma}[variant]
     args = (x, w, eps, "hf" if variant == "hf" else "fp32", variant == "gemma")
     call = draw.choice(("rms_norm", "rms_norm_", "rms_norm_out")) if wdt == dtype else "rms_norm"

@@ -77,12 +77,12 @@ def pair_table(q, k, cos, sin, *_args, **_kw):
 
 
 def drawn(draw, dtype: torch.dtype) -> Sample:
-    """HF's text rotary (batch 1..2, 0..20 positions, 1..4 q heads and 1..4 kv heads, even head dims 2..64, q and
+    """HF's text rotary (batch 1..2, 0..20 positions, 1..4 q heads and 1..4 kv heads, even head dims 2..128, q and
     k as HF's transposed projection views or contiguous, per-batch or shared tables, out of place or in place),
     MRoPE's three sections (any split of half the head dim), Cohere's adjacent pairs in fp32 (tables of q's dtype
     or fp32), GPT-OSS's one table value per pair, or the vision rotary (fp32 tables over 0..40 patches)."""
     form = draw.choice(("text", "mrope", "vision", "interleaved", "pair_table"))
-    D = 2 * draw.integer(3 if form == "mrope" else 1, 32)
+    D = 2 * draw.integer(3 if form == "mrope" else 1, 64)
     H, KV = draw.integer(1, 4), draw.integer(1, 4)
     if form == "vision":
         P = draw.integer(0, 40)
