@@ -215,6 +215,7 @@ def test_switch_gradient_and_faults_fall_back(uneven, monkeypatch):
         monkeypatch.delenv("OPGYM_ATTN_SOFTMAX")
         vision._PROBED.clear()
         text._PROBED.clear()
+        text._RACED.clear()
         h.reset_stats()
         with torch.library._scoped_library("opgym", "IMPL") as lib:
             boom = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("simulated fault"))  # noqa: E731
@@ -390,7 +391,7 @@ def test_attn_eager_is_hf_function_and_passes_opcheck(grouped, S, T):
         mask[1, :, :, :3] = torch.finfo(dt).min  # a left-padded row
         out, w = torch.ops.opgym.attn_eager(q, k, v, 32 ** -0.5, mask, 4, grouped)
         ref, wref = hf.eager_attention_forward(mod, q, k, v, mask, 32 ** -0.5)
-        if grouped and not text.grouped_ok(q, k, v, 4, hf.repeat_kv):
+        if grouped and not text.grouped_exact(q, k, v, 4, hf.repeat_kv):
             continue  # the probe finds the grouped GEMM's bits not HF's here: the integration never asks for it
         assert torch.equal(w, wref) and torch.equal(out, ref) and out.is_contiguous(), (dt, S, T)
     torch.library.opcheck(torch.ops.opgym.attn_eager.default, (q, k, v, 32 ** -0.5, mask, 4, grouped))
@@ -426,3 +427,22 @@ def test_attn_windows_is_hf_loop_and_passes_opcheck(lengths):
     torch.library.opcheck(torch.ops.opgym.attn_windows.default, (q, k, v, D ** -0.5, cu))
     with pytest.raises(ValueError, match="cu_seqlens"):
         torch.ops.opgym.attn_windows(q, k, v, 1.0, cu[:-1])
+
+
+@pytest.mark.parametrize("winner", ["grouped", "repeat_kv"])
+def test_where_both_forms_are_exact_the_faster_one_runs(winner, monkeypatch):
+    """Skipping repeat_kv is a form choice, not a preference: where the probe finds the grouped GEMMs exact,
+    the race (faked here to fix its outcome) decides, and the note says which ran and the measured times."""
+    monkeypatch.setattr(text, "fastest", lambda forms, device="cpu": (winner, {n: 0.001 * (n != winner) + 0.001
+                                                                                for n in forms}))
+    text._PROBED.clear()
+    text._RACED.clear()
+    q = torch.randn(1, 8, 1, 64).to(torch.bfloat16)
+    k = v = torch.randn(1, 2, 300, 64).to(torch.bfloat16)
+    if not text.grouped_exact(q, k, v, 4, hf.repeat_kv):
+        pytest.skip("the grouped GEMM's bits differ from HF's on this machine: no choice to make")
+    assert text.grouped_ok(q, k, v, 4, hf.repeat_kv) == (winner == "grouped")
+    _, note = text.describe(text._signature(q, k, v, 4), winner == "grouped")
+    assert note.startswith("grouped q" if winner == "grouped" else "repeat_kv as HF: both forms exact"), note
+    assert f"measured repeat_kv {1 + (winner != 'repeat_kv'):.3f} ms" in note, note
+    text._RACED.clear()

@@ -24,19 +24,21 @@ class and the thread count (measured here, 2 threads, head dims 32 and 128: bf16
 fp32 decode, M = 1 against M = G, different at head dim 32; prefill identical). So a probe decides (`grouped_ok`), per (dtype, device, phase, threads, B, KV, G, D,
 Dv): HF's path and the grouped one on random inputs of that signature at several lengths, both
 matmuls compared bit for bit; only a signature whose every probe agrees is served grouped, the others
-take repeat_kv as HF does. Calls whose per-head GEMM is small enough for torch's naive bmm loop (M*K*N
+take repeat_kv as HF does. Where both forms are exact, the grouped one runs only if it was measured faster
+here (`race`, once per signature). Calls whose per-head GEMM is small enough for torch's naive bmm loop (M*K*N
 < 400, a different summation than the BLAS path the grouped call would take) always take repeat_kv.
 """
 from __future__ import annotations
 
 import torch
 
-from ...admission import Verdicts, bits_equal
+from ...admission import Verdicts, bits_equal, fastest
 from ...guard import tensor_reason
 
 _MISSING = object()
 NAIVE_BMM = 400  # torch's bmm_out_or_baddbmm_: below this M*K*N a matrix takes the naive loop
 _PROBED = Verdicts("attn_softmax GQA grouped")  # signature -> bool (the grouped form gave HF's bits at every probed length)
+_RACED = Verdicts("attn_softmax GQA grouped vs repeat_kv speed")  # signature -> (faster form, {form: seconds})
 
 # (S, T) lengths each phase is probed at: decode one query against caches of several lengths; prefill
 # square prompts and prompts over a cache (chunked prefill, assisted decoding), small to mid-size.
@@ -90,9 +92,31 @@ def probe(sig: tuple, repeat_kv) -> bool:
     return True
 
 
-def grouped_ok(q, k, v, G: int, repeat_kv) -> bool:
-    """Whether this call may skip repeat_kv (see the module docstring); probes a new signature once.
-    Under torch.compile always False (HF's repeat_kv)."""
+def race(sig: tuple, repeat_kv) -> tuple:
+    """Both exact forms timed here (admission.fastest, interleaved rounds) at the phase's longest probed length:
+    HF's two matmuls over repeat_kv's copies against the grouped matmuls over the shared K/V. Returns
+    ("grouped" or "repeat_kv", {form: seconds})."""
+    dtype, dev, ph, _threads, B, KV, G, D, Dv = sig
+    S, T = (DECODE_LENGTHS if ph == "decode" else PREFILL_LENGTHS)[-1]
+    gen = torch.Generator().manual_seed(1)
+    q = _hf_layout(B, KV * G, S, D, dtype, dev, gen)
+    k = torch.randn(B, KV, T, D, generator=gen, device="cpu").to(dtype=dtype, device=dev)
+    v = torch.randn(B, KV, T, Dv, generator=gen, device="cpu").to(dtype=dtype, device=dev)
+    w = torch.softmax(torch.matmul(q, repeat_kv(k, G).transpose(2, 3)).float(), -1).to(dtype)
+
+    def hf():
+        torch.matmul(q, repeat_kv(k, G).transpose(2, 3))
+        torch.matmul(w, repeat_kv(v, G))
+
+    def grouped():
+        torch.matmul(q.reshape(B, KV, G * S, D), k.transpose(2, 3))
+        torch.matmul(w.view(B, KV, G * S, T), v)
+
+    return fastest({"repeat_kv": hf, "grouped": grouped}, device=dev)
+
+
+def grouped_exact(q, k, v, G: int, repeat_kv) -> bool:
+    """Whether skipping repeat_kv gives HF's bits for this call's signature (the probe, once per signature)."""
     if torch.compiler.is_compiling():
         return False  # a traced graph takes HF's repeat_kv: no thread-count-dependent branch inside it
     S, T, D, Dv = q.shape[2], k.shape[2], q.shape[3], v.shape[3]
@@ -103,6 +127,17 @@ def grouped_ok(q, k, v, G: int, repeat_kv) -> bool:
     return ok is True  # a Failed probe admits nothing and is not cached: the next call probes again
 
 
+def grouped_ok(q, k, v, G: int, repeat_kv) -> bool:
+    """Whether this call skips repeat_kv (see the module docstring): the grouped form is exact here and was
+    measured faster than HF's repeat_kv (both exact: the faster runs). Probes and races a signature once.
+    Under torch.compile always False (HF's repeat_kv)."""
+    if not grouped_exact(q, k, v, G, repeat_kv):
+        return False
+    sig = _signature(q, k, v, G)
+    won = _RACED.decide(sig, lambda: race(sig, repeat_kv), device=q.device)
+    return isinstance(won, tuple) and won[0] == "grouped"  # a race that raised: HF's repeat_kv, raced again next
+
+
 def probed() -> dict:
     """What the probes found so far: signature -> bool."""
     return {sig: ok for sig, _env, ok in _PROBED.items()}
@@ -111,8 +146,14 @@ def probed() -> dict:
 def describe(sig: tuple, ok: bool) -> tuple[str, str]:
     dtype, dev, ph, threads, B, KV, G, D, Dv = sig
     key = f"attn_softmax GQA {str(dtype).replace('torch.', '')} {dev} {ph} {threads} thread(s) KV{KV} G{G} D{D}"
-    return key, ("grouped q against the shared K/V (no repeat_kv copies): the probe found HF's bits" if ok else
-                 "repeat_kv as HF: the grouped GEMM's bits differ from HF's (probe)")
+    won = _RACED.peek(sig, dev)
+    timed = ("; measured " + ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in won[1].items())
+             if isinstance(won, tuple) else "")
+    if ok:
+        return key, "grouped q against the shared K/V (no repeat_kv copies): the probe found HF's bits" + timed
+    if isinstance(won, tuple):
+        return key, "repeat_kv as HF: both forms exact (probe), repeat_kv measured faster" + timed
+    return key, "repeat_kv as HF: the grouped GEMM's bits differ from HF's (probe)"
 
 
 def _reason(module, q, k, v, mask, scaling, dropout, n_rep, devices) -> str | None:
