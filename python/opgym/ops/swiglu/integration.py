@@ -118,6 +118,7 @@ def _serve_separate(name: str, mlp: nn.Module, form: Separate, handle, devices, 
         if r is not None:  # decode's verdict, then the prefill slice's
             merged_for = tuple(r[T][0] == "merged" for T in sorted(r))
             raced = "; " + race_note(r)
+            chunk = chunk and merged_for[1]  # row chunks are the merged prefill's; act-only prefill runs whole
             if not any(merged_for):
                 merge_it, chunk = False, False
                 why = "both forms exact (probe); the activation-only form measured faster at every row count"
