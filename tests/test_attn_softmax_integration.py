@@ -6,6 +6,7 @@ logits and greedy tokens bit-identical to HF eager; the shared forward under eve
 from __future__ import annotations
 
 import ast
+import gc
 import inspect
 import sys
 import textwrap
@@ -23,8 +24,20 @@ TEXT = "model.language_model.layers.0.self_attn"
 VISION = "model.visual.blocks.0.attn"
 
 
+_BEFORE: set = set()
+
+
+@pytest.fixture(autouse=True)
+def _hooked_before():
+    """The hooked namespaces other test files' models left alive (collected first): a test here counts only its own."""
+    gc.collect()
+    _BEFORE.clear()
+    _BEFORE.update(m for m in sys.modules if m.startswith(hooks.PREFIX))
+    yield
+
+
 def _hooked_modules():
-    return sorted(m for m in sys.modules if m.startswith(hooks.PREFIX))
+    return sorted(m for m in sys.modules if m.startswith(hooks.PREFIX) and m not in _BEFORE)
 
 
 def _run(model, inputs, tokens=4):

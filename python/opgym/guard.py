@@ -245,7 +245,16 @@ def guarded(switch: str, counters, fused: Callable, fallback: Callable, check: C
                 reason = reason or "first call: no result"
             elif reason is None:
                 try:
-                    out = fused(*args)
+                    if torch.is_grad_enabled():
+                        out = fused(*args)
+                    else:
+                        # Under no_grad autograd records nothing: skipping its layer saves the opgym ops'
+                        # Python Autograd kernels (measured 13.4 -> 4.9 us a [1, 2048] bf16 rms_norm,
+                        # docs/PERF.md). ADInplaceOrView (version counters), Python modes and autocast
+                        # still run. (With grad enabled, a fused path's torch ops may feed a weight's
+                        # gradient - a frozen gate, a trained down_proj - so autograd stays.)
+                        with torch._C._AutoDispatchBelowAutograd():
+                            out = fused(*args)
                 except Exception as e:  # noqa: BLE001 - never raise because of opgym
                     reason = (full_check(*args) if full_check is not None else None) \
                         or f"opgym error: {type(e).__name__}"
