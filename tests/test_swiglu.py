@@ -373,3 +373,25 @@ def test_auto_runs_the_form_the_race_measured_faster(winners, monkeypatch):
                 assert ("opgym.swiglu_merged" in ops) == (won == "merged"), (won, sorted(set(ops)))
             assert h.stats()["ops"]["swiglu"]["fused"] == 2
     admission.clear_all()
+
+
+def test_a_trained_down_proj_behind_a_frozen_gate_gets_hf_gradients():
+    """With grad enabled, a fused MLP whose input and gate need no gradient still feeds down_proj's (the guard
+    skips the autograd layer only under no_grad): down_proj's gradient equals HF's, bit for bit."""
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=96, hidden_act="silu")
+    mlps = [Qwen2MLP(cfg) for _ in range(2)]
+    mlps[1].load_state_dict(mlps[0].state_dict())
+    for m in mlps:
+        m.gate_proj.weight.requires_grad_(False)
+        m.up_proj.weight.requires_grad_(False)
+    x = torch.randn(3, 64)
+    with opgym.patch(nn.ModuleDict({"m": mlps[1]}), ops=("swiglu",)) as h:
+        for m in mlps:
+            m(x).square().sum().backward()
+        assert h.stats()["ops"]["swiglu"]["fused"] == 1
+    assert mlps[1].down_proj.weight.grad is not None
+    assert torch.equal(mlps[1].down_proj.weight.grad, mlps[0].down_proj.weight.grad)
