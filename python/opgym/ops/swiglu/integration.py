@@ -83,7 +83,7 @@ def _separate_forward(mlp: nn.Module, form: Separate, kind: str, merge_it: bool,
                     return act_only(x)
                 w, b = state.current()
             rows = x.numel() // H if H else 0
-            if not merged_for[rows >= DECODE_ROWS] and not torch.compiler.is_compiling():
+            if not torch.compiler.is_compiling() and not merged_for[int(rows >= DECODE_ROWS)]:
                 return act_only(x)  # both exact; the activation-only form measured faster at this row count
             if not state.chunk or rows <= CHUNK_ROWS or torch.compiler.is_compiling():
                 return finish(down(merged(F.linear(x, w, b))))
