@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from ..numerics import ulp_distance
+from .sides import Side
 
 ULP_BUCKETS = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 16), (17, 256), (257, None))
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation",
@@ -134,22 +134,6 @@ def gemm_floor(prefill: Callable[[], object]) -> dict:
 
 
 # ---------------------------------------------------------------------------------- sides
-@dataclass
-class Side:
-    name: str
-    on: Callable[[], None] = lambda: None
-    off: Callable[[], None] = lambda: None
-    info: dict = field(default_factory=dict)  # what the side is: patch, fast substitutions applied, compile
-    logits: torch.Tensor | None = None
-    tokens: list | None = None
-    forced: list | None = None
-    wall_ms: list = field(default_factory=list)
-    cpu_ms: list = field(default_factory=list)
-    floor: dict | None = None
-    model: object = None  # a model of the side's own (a patched, compiled copy), else the shared one
-    close: Callable[[], None] = lambda: None  # at the end of the section: undo what stays on `model`
-
-
 def patched_side(model, name: str, ops=None, exact: bool = True, fast=None) -> Side:
     """opgym.patch(model, ops, exact=exact, fast=fast) while on; the first patch's record in side.info."""
     import opgym
@@ -270,8 +254,8 @@ def evaluate(model, inputs: dict, sides: list, n_tokens: int = 64, repeats: int 
                     try:
                         c0, t0 = time.process_time(), time.perf_counter()
                         prefill(m)
-                        s.wall_ms.append((time.perf_counter() - t0) * 1e3)
-                        s.cpu_ms.append((time.process_time() - c0) * 1e3)
+                        s.prefill_ms.append((time.perf_counter() - t0) * 1e3)
+                        s.prefill_cpu_ms.append((time.process_time() - c0) * 1e3)
                     finally:
                         s.off()
             if floor:
@@ -292,12 +276,12 @@ def evaluate(model, inputs: dict, sides: list, n_tokens: int = 64, repeats: int 
 def result(sides: list, n_prompt: int, repeats: int, ref_margins) -> dict:
     """The section's JSON: one row per side, ratios to sides[0]."""
     ref = sides[0]
-    rw = statistics.median(ref.wall_ms) if repeats else None
-    rc = statistics.median(ref.cpu_ms) if repeats else None
+    rw = statistics.median(ref.prefill_ms) if repeats else None
+    rc = statistics.median(ref.prefill_cpu_ms) if repeats else None
     rows = []
     for s in sides:
-        w = statistics.median(s.wall_ms) if repeats else None
-        c = statistics.median(s.cpu_ms) if repeats else None
+        w = statistics.median(s.prefill_ms) if repeats else None
+        c = statistics.median(s.prefill_cpu_ms) if repeats else None
         tk = token_agreement(ref.tokens, s.tokens)
         if tk["first_divergence"] is not None and ref_margins and tk["first_divergence"] < len(ref_margins):
             tk["ref_margin_ulp_at_divergence"] = ref_margins[tk["first_divergence"]]
@@ -306,7 +290,7 @@ def result(sides: list, n_prompt: int, repeats: int, ref_margins) -> dict:
                "tokens_list": s.tokens, "teacher_forced_list": s.forced, "teacher_forced_agree": tf, "teacher_forced_n": len(ref.tokens),
                "prefill_wall_ms": w, "prefill_cpu_ms": c,
                "wall_ratio": w / rw if repeats else None, "cpu_ratio": c / rc if repeats else None,
-               "prefill_wall_ms_all": s.wall_ms, "prefill_cpu_ms_all": s.cpu_ms, "floor": s.floor}
+               "prefill_wall_ms_all": s.prefill_ms, "prefill_cpu_ms_all": s.prefill_cpu_ms, "floor": s.floor}
         if s.floor is not None and rw:
             row["floor_ratio"] = s.floor["gemm_ms"] / rw  # the side's GEMM time as a share of the reference's prefill
         rows.append(row)

@@ -178,9 +178,8 @@ def measure(model, inputs, args, device, progress, base, variants, mem, sites, p
         if i == 0:  # on the graph side the calls that capture and rewrite (each input signature's first)
             side.first_calls = {"forward_ms": (t[1] - t[0]) * 1e3, "prefill_ms": (t[3] - t[2]) * 1e3,
                                 "generate_ms": (t[4] - t[3]) * 1e3}
-        handle = getattr(side, "handle", None)
-        if handle is not None:
-            side.graphs_after_warmup = handle.graphs
+        if side.handle is not None:
+            side.graphs_after_warmup = side.handle.graphs
         progress.done()
 
     def timed(side, r):
