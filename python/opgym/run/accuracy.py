@@ -34,6 +34,7 @@ from typing import Callable
 import torch
 
 from ..numerics import ulp_distance
+from .compare import logits_table, token_agreement
 from .sides import Side
 
 ULP_BUCKETS = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 16), (17, 256), (257, None))
@@ -47,12 +48,13 @@ ATTN_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_
 
 # ---------------------------------------------------------------------------------- the measures
 def error_table(ref: torch.Tensor, other: torch.Tensor) -> dict:
-    """ulp distribution, counts and argmax agreement of `other` against `ref` (same dtype and shape,
-    last dim = vocabulary)."""
-    assert ref.shape == other.shape and ref.dtype == other.dtype, (ref.shape, other.shape, ref.dtype, other.dtype)
+    """compare.logits_table of `other` against `ref` (same dtype and shape, last dim = vocabulary) with the
+    ulp distribution in their own dtype. `differ` counts bit patterns (admission's rule), the buckets
+    ulps: a -0 / +0 pair is 0 ulps apart and differs."""
+    t = logits_table(ref, other)
     d = ulp_distance(ref, other).reshape(-1)
-    n = d.numel()
-    out = {"n": n, "differ": int((d != 0).sum())}
+    n = t["n"]
+    out = {"n": n, "differ": t["differ"]}
     out["differ_share"] = out["differ"] / n if n else 0.0
     out["ulp_max"] = int(d.max()) if n else 0
     buckets = {}
@@ -64,20 +66,9 @@ def error_table(ref: torch.Tensor, other: torch.Tensor) -> dict:
     if nz.numel():
         q = torch.quantile(nz[:1 << 24].double(), torch.tensor([0.5, 0.99], dtype=torch.double))
         out["ulp_median_of_differing"], out["ulp_p99_of_differing"] = float(q[0]), float(q[1])
-    r32, o32 = ref.float(), other.float()
-    out["max_abs_diff"] = float((r32 - o32).abs().max()) if n else 0.0
-    out["ref_max_abs"] = float(r32.abs().max()) if n else 0.0
-    a, b = ref.reshape(-1, ref.shape[-1]).argmax(-1), other.reshape(-1, other.shape[-1]).argmax(-1)
-    out["positions"] = int(a.numel())
-    out["argmax_agree"] = int((a == b).sum())
+    for k in ("max_abs_diff", "ref_max_abs", "positions", "argmax_agree"):
+        out[k] = t[k]
     return out
-
-
-def token_agreement(ref: list, other: list) -> dict:
-    first = next((i for i, (x, y) in enumerate(zip(ref, other)) if x != y), None)
-    if first is None and len(ref) != len(other):
-        first = min(len(ref), len(other))
-    return {"n": len(ref), "equal": sum(int(x == y) for x, y in zip(ref, other)), "first_divergence": first}
 
 
 def margins_ulp(scores, dtype) -> list:
