@@ -99,20 +99,12 @@ def teacher_forced_argmax(model, inputs: dict, tokens: list) -> list:
 def gemm_floor(prefill: Callable[[], object]) -> dict:
     """One prefill under torch.profiler: self time (ms) of its GEMMs, of the convolutions and of the
     fused attention kernels (the names in GEMM_OPS, CONV_OPS, ATTN_OPS), with calls per op."""
-    from torch.profiler import ProfilerActivity, profile
+    from .profile import profiling
 
-    from .measure import quiet_stderr
-
-    with quiet_stderr():
-        prof = profile(activities=[ProfilerActivity.CPU])
-        prof.__enter__()
-    try:
+    with profiling() as prof:
         t0 = time.perf_counter()
         prefill()
         wall = (time.perf_counter() - t0) * 1e3
-    finally:
-        with quiet_stderr():
-            prof.__exit__(None, None, None)
     ka = {e.key: e for e in prof.key_averages()}
 
     def total(names):
