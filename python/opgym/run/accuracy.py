@@ -330,7 +330,7 @@ def default_sides(fast: bool, compile_: bool) -> str:
     return ",".join(out)
 
 
-def side_label(token: str, fast_sel: tuple, attn: str) -> str:
+def side_label(token: str, attn: str) -> str:
     kind, _, comp = token.partition("@")
     base = {"hf": f"HF eager ({attn})", "opgym": "opgym exact", "fast": "opgym fast"}.get(kind)
     if base is None:
@@ -367,7 +367,7 @@ def build_sides(model, spec: str, ops: tuple, fast_sel: tuple, fast_names: tuple
                 s = compiled(model, s, t)
         else:
             s = compiled_copy(model, make, t) if comp else make(model)
-        s.name = side_label(t, fast_sel, attn)
+        s.name = side_label(t, attn)
         sides.append(s)
     if len({s.name for s in sides}) != len(sides):
         raise UsageError(f"--accuracy-sides {spec}: a side is named twice")
