@@ -45,9 +45,11 @@ venv: $(VENV)/.requirements
 SKBUILD_ARGS := -C build-dir=build -C cmake.define.OPGYM_BUILD_TESTS=ON -C cmake.define.OPGYM_BUILD_TOOLS=ON \
                 -C cmake.define.OPGYM_BUILD_BENCH=ON
 # dist/.built and .venv/.opgym are stamps (remade when a source file changes), so that the stages `make test`
-# runs side by side never build or install the same thing twice at once.
-SOURCES := $(shell git ls-files -- src include python cmake tools CMakeLists.txt pyproject.toml 2>/dev/null || \
-             find src include python cmake tools -type f)
+# runs side by side never build or install the same thing twice at once. An op's developer tools and
+# prototypes (src/ops/<op>/tools/, src/ops/<op>/proto/) are not built: editing them rebuilds nothing.
+SOURCES := $(shell git ls-files -- src include python cmake tools CMakeLists.txt pyproject.toml \
+                     ':!src/ops/*/tools/*' ':!src/ops/*/proto/*' 2>/dev/null || \
+             find src include python cmake tools -type f -not -path 'src/ops/*/tools/*' -not -path 'src/ops/*/proto/*')
 # auditwheel: the linux_x86_64 wheel retagged manylinux_X_Y for the oldest glibc/libstdc++ its symbols need
 # (this Debian 12 build host: manylinux_2_35); nothing is grafted (Sleef is torch's own exports), and torch's
 # libraries (libtorch*, libc10*, CUDA's) are excluded: the user's torch provides them.

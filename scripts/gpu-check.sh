@@ -13,10 +13,11 @@
 #   3. pytest  the precision suite with OPGYM_DEVICE=cuda, each test file in its own process (CUDA tests
 #              first); 3b. tests/huge on the GPU.
 #   4. run     `opgym run --device cuda` (whole network, baseline vs every opgym op).
-#   5. bench   scripts/gpu_bench.py: captured shapes + size sweep vs HF eager, F.rms_norm,
+#   5. bench   src/ops/rms_norm/tools/gpu_bench.py: captured shapes + size sweep vs HF eager, F.rms_norm,
 #              torch.compile, Liger; GB/s and % of a same-byte copy; decode latency in a CUDA graph;
-#              then each op's own GPU benchmark there is, scripts/gpu_bench_<op>.py --json FILE
-#              (swiglu's: the activation and the MLP vs HF eager and Liger).
+#              then every other op's own GPU benchmark there is, src/ops/<op>/tools/gpu_bench.py --json FILE
+#              (swiglu's: the activation and the MLP vs HF eager and Liger); their shared timing is
+#              scripts/gpu_timing.py.
 # The machine needs no Debian package beyond the toolchain: without libsleef-dev the CPU swiglu uses
 # glibc's exp (build_info says so), without libdnnl-dev the C++ swiglu_mlp is not built.
 # Prints a stage summary and the benchmark table last. Whole run: under 8 minutes (stage timeouts
@@ -157,16 +158,17 @@ TABLE="$OUTDIR/table.txt"
 rm -f "$TABLE"
 if (( HAVE_EXT )); then
   bl=$(( $(left) - 10 )); (( bl < 60 )) && bl=60
-  timeout "$bl" "$PY" scripts/gpu_bench.py --lib "$STAGE/opgym/_C.so" --json "$OUTDIR/gpu_bench.json" --table "$TABLE" --budget-s $(( bl - 40 )) \
+  timeout "$bl" "$PY" src/ops/rms_norm/tools/gpu_bench.py --lib "$STAGE/opgym/_C.so" --json "$OUTDIR/gpu_bench.json" --table "$TABLE" --budget-s $(( bl - 40 )) \
     > "$(log bench)" 2>&1; rc=$?
   if (( rc == 0 )); then stage bench "ok: $OUTDIR/gpu_bench.json"; else stage bench "FAIL (rc $rc): $(tail -1 "$(log bench)" | cut -c1-200)"; fi
 else
   stage bench "not run: no CUDA operators"
 fi
 if (( HAVE_EXT == 1 )); then
-  for script in scripts/gpu_bench_*.py; do
+  for script in src/ops/*/tools/gpu_bench.py; do
     [ -f "$script" ] || continue
-    op="$(basename "$script" .py)"; op="${op#gpu_bench_}"
+    op="$(basename "$(dirname "$(dirname "$script")")")"
+    [ "$op" = rms_norm ] && continue  # the bench stage above
     timeout "$(cap 60 0)" "$PY" "$script" --json "$OUTDIR/gpu_bench_$op.json" > "$(log "$op")" 2>&1; rc=$?
     if (( rc == 0 )); then stage "$op" "ok: $OUTDIR/gpu_bench_$op.json"
     else stage "$op" "FAIL (rc $rc): $(tail -1 "$(log "$op")" | cut -c1-200)"; fi

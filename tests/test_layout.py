@@ -2,7 +2,12 @@
 modules at import time (a module importing another at its top level, directly or through others, that
 imports it back). Imports inside functions are not edges: they run after both modules are loaded.
 Package __init__ files are not nodes: importing a submodule runs its package's __init__ first anyway,
-and the op table's __init__ imports its parts lazily."""
+and the op table's __init__ imports its parts lazily.
+
+A stricter check (issue 30): no circle even through imports inside functions, packages included (run.measure
+<-> run.profile, the coverage package <-> its modules, vllm <-> vllm.layers were such circles): what two
+modules share lives in a module that neither imports back. `from . import sub` is an edge to the submodule
+only (the package is already being imported by then)."""
 from __future__ import annotations
 
 import ast
@@ -20,9 +25,10 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _top_level_imports(name: str, path: Path, known: set[str]) -> set[str]:
+def _top_level_imports(name: str, path: Path, known: set[str], anywhere: bool = False) -> set[str]:
     """Modules of opgym that `name` imports when it is itself imported (statements at module level,
-    including those under if/try at module level)."""
+    including those under if/try at module level); anywhere=True: every import statement of the file,
+    those inside functions too."""
     tree = ast.parse(path.read_text(), filename=str(path))
     is_pkg = path.name == "__init__.py"
     here = name if is_pkg else name.rsplit(".", 1)[0]
@@ -44,9 +50,11 @@ def _top_level_imports(name: str, path: Path, known: set[str]) -> set[str]:
                     mod = ".".join(base + ([node.module] if node.module else []))
                 else:
                     mod = node.module or ""
-                add(mod)
-                for a in node.names:
-                    add(f"{mod}.{a.name}")
+                subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in known]
+                if len(subs) < len(node.names):  # a name from the module itself, not only its submodules
+                    add(mod)
+                for sub in subs:
+                    add(sub)
             elif isinstance(node, (ast.If, ast.Try)):
                 visit(node.body)
                 visit(getattr(node, "orelse", []))
@@ -54,7 +62,7 @@ def _top_level_imports(name: str, path: Path, known: set[str]) -> set[str]:
                     visit(h.body)
                 visit(getattr(node, "finalbody", []))
 
-    visit(tree.body)
+    visit(list(ast.walk(tree)) if anywhere else tree.body)
     deps.discard(name)
     return deps
 
@@ -98,6 +106,19 @@ def test_no_import_circle_between_modules():
     assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
 
 
+def _package_name(mod: str, path: Path) -> str:
+    return mod.rsplit(".", 1)[0] if path.name == "__init__.py" else mod
+
+
+def test_no_import_circle_even_inside_functions():
+    mods = {_package_name(m, p): p for m, p in _modules().items()}
+    graph = {m: _top_level_imports(m, p, set(mods), anywhere=True) for m, p in mods.items()}
+    assert {"opgym.run.profile", "opgym.vllm._stats"} <= graph["opgym.run.measure"] | graph["opgym.vllm.layers"]
+    circles = _circles(graph)
+    assert not circles, "import circles (counting imports inside functions): " + "; ".join(
+        " -> ".join(c) for c in circles)
+
+
 def test_the_circle_detector_finds_a_circle(tmp_path):
     """The parser and the search see a circle where there is one (a check that cannot fail proves nothing)."""
     pkg = tmp_path / "p"
@@ -107,6 +128,10 @@ def test_the_circle_detector_finds_a_circle(tmp_path):
     (pkg / "b.py").write_text("import os\ntry:\n    from . import a\nexcept ImportError:\n    pass\n")
     mods = {"p": pkg / "__init__.py", "p.a": pkg / "a.py", "p.b": pkg / "b.py"}
     assert _top_level_imports("p.a", mods["p.a"], set(mods)) == {"p.b"}
-    assert _top_level_imports("p.b", mods["p.b"], set(mods)) == {"p", "p.a"}
+    assert _top_level_imports("p.b", mods["p.b"], set(mods)) == {"p.a"}
+    (pkg / "c.py").write_text("def f():\n    from . import b\n    from .b import os\n")
+    mods["p.c"] = pkg / "c.py"
+    assert _top_level_imports("p.c", mods["p.c"], set(mods)) == set()
+    assert _top_level_imports("p.c", mods["p.c"], set(mods), anywhere=True) == {"p.b"}
     assert _circles({"p.a": {"p.b"}, "p.b": {"p.a"}}) == [["p.a", "p.b", "p.a"]]
     assert _circles({"p.a": {"p.b"}, "p.b": set()}) == []

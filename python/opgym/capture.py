@@ -35,7 +35,7 @@ from .caseformat import collapse_path  # noqa: F401 - part of this module's API
 OPS = tuple(name for name in _ops.OPS if _ops.part(name, "capture") is not None)
 
 
-def _cache_len(kwargs: dict, args: tuple) -> int | None:
+def _cache_len(kwargs: dict) -> int | None:
     pkv = kwargs.get("past_key_values")
     if pkv is None:
         return None
@@ -92,7 +92,7 @@ class Capture:
         self._hooks.clear()
 
     def _on_step(self, module, args, kwargs):
-        n = _cache_len(kwargs, args)
+        n = _cache_len(kwargs)
         if n is None:  # no cache argument: the first forward is the prefill, later ones decode
             phase = "prefill" if not self.steps else "decode"
         else:

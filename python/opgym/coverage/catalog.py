@@ -187,7 +187,7 @@ def _qk(path, m) -> dict | None:
     return {"path": pattern(path), "cls": _qualname(type(m)), "norms": out}
 
 
-def _called_functions(cls, seen=None) -> dict:
+def _called_functions(cls) -> dict:
     """Module-level functions of cls's modeling module that cls.forward calls by name, with 'rot' or
     'rope' in their name, and, recursively, the module functions those call."""
     mod = inspect.getmodule(cls)

@@ -65,10 +65,6 @@ def _is_config(v) -> bool:
     return isinstance(v, PretrainedConfig)
 
 
-def _has(cfg, key) -> bool:
-    return key in vars(cfg)
-
-
 def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 

@@ -165,7 +165,7 @@ def _prefix():
     """BLIP-style models without get_image_features: pixels and plain text, no placeholder tokens."""
 
 
-def _cross_attention(model, config, pix: dict, seed: int) -> dict:
+def _cross_attention(config, pix: dict, seed: int) -> dict:
     """Mllama-style models (images reach the text through cross-attention layers): one image token,
     and a cross_attention_mask that lets every text token see every tile."""
     ids = token_ids_for_image(config, 1, seed)
@@ -199,7 +199,7 @@ def pixel_inputs(model_type: str, model, config, seed: int = 0, forward=None) ->
             inputs = dict(pix)
             if cross:
                 n = 1
-                inputs.update(_cross_attention(model, config, pix, seed))
+                inputs.update(_cross_attention(config, pix, seed))
             elif make is _prefix:
                 n = 0
                 inputs.update(build.text_inputs(config, seed))

@@ -28,11 +28,6 @@ def spec(name: str) -> OpSpec:
     return module(name).SPEC
 
 
-def specs() -> dict:
-    """name -> OpSpec for every op, in OPS order."""
-    return {name: spec(name) for name in OPS}
-
-
 def part(name: str, what: str) -> ModuleType | None:
     """opgym.ops.<name>.<what> (integration, capture, bench or fast), or None when the op has no such part."""
     if what not in PARTS:

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from ..numerics import ulp_distance
+from .compare import logits_table, token_agreement
+from .sides import Side
 
 ULP_BUCKETS = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 16), (17, 256), (257, None))
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation",
@@ -47,12 +48,13 @@ ATTN_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_
 
 # ---------------------------------------------------------------------------------- the measures
 def error_table(ref: torch.Tensor, other: torch.Tensor) -> dict:
-    """ulp distribution, counts and argmax agreement of `other` against `ref` (same dtype and shape,
-    last dim = vocabulary)."""
-    assert ref.shape == other.shape and ref.dtype == other.dtype, (ref.shape, other.shape, ref.dtype, other.dtype)
+    """compare.logits_table of `other` against `ref` (same dtype and shape, last dim = vocabulary) with the
+    ulp distribution in their own dtype. `differ` counts bit patterns (admission's rule), the buckets
+    ulps: a -0 / +0 pair is 0 ulps apart and differs."""
+    t = logits_table(ref, other)
     d = ulp_distance(ref, other).reshape(-1)
-    n = d.numel()
-    out = {"n": n, "differ": int((d != 0).sum())}
+    n = t["n"]
+    out = {"n": n, "differ": t["differ"]}
     out["differ_share"] = out["differ"] / n if n else 0.0
     out["ulp_max"] = int(d.max()) if n else 0
     buckets = {}
@@ -64,20 +66,9 @@ def error_table(ref: torch.Tensor, other: torch.Tensor) -> dict:
     if nz.numel():
         q = torch.quantile(nz[:1 << 24].double(), torch.tensor([0.5, 0.99], dtype=torch.double))
         out["ulp_median_of_differing"], out["ulp_p99_of_differing"] = float(q[0]), float(q[1])
-    r32, o32 = ref.float(), other.float()
-    out["max_abs_diff"] = float((r32 - o32).abs().max()) if n else 0.0
-    out["ref_max_abs"] = float(r32.abs().max()) if n else 0.0
-    a, b = ref.reshape(-1, ref.shape[-1]).argmax(-1), other.reshape(-1, other.shape[-1]).argmax(-1)
-    out["positions"] = int(a.numel())
-    out["argmax_agree"] = int((a == b).sum())
+    for k in ("max_abs_diff", "ref_max_abs", "positions", "argmax_agree"):
+        out[k] = t[k]
     return out
-
-
-def token_agreement(ref: list, other: list) -> dict:
-    first = next((i for i, (x, y) in enumerate(zip(ref, other)) if x != y), None)
-    if first is None and len(ref) != len(other):
-        first = min(len(ref), len(other))
-    return {"n": len(ref), "equal": sum(int(x == y) for x, y in zip(ref, other)), "first_divergence": first}
 
 
 def margins_ulp(scores, dtype) -> list:
@@ -108,20 +99,12 @@ def teacher_forced_argmax(model, inputs: dict, tokens: list) -> list:
 def gemm_floor(prefill: Callable[[], object]) -> dict:
     """One prefill under torch.profiler: self time (ms) of its GEMMs, of the convolutions and of the
     fused attention kernels (the names in GEMM_OPS, CONV_OPS, ATTN_OPS), with calls per op."""
-    from torch.profiler import ProfilerActivity, profile
+    from .profile import profiling
 
-    from .measure import quiet_stderr
-
-    with quiet_stderr():
-        prof = profile(activities=[ProfilerActivity.CPU])
-        prof.__enter__()
-    try:
+    with profiling() as prof:
         t0 = time.perf_counter()
         prefill()
         wall = (time.perf_counter() - t0) * 1e3
-    finally:
-        with quiet_stderr():
-            prof.__exit__(None, None, None)
     ka = {e.key: e for e in prof.key_averages()}
 
     def total(names):
@@ -134,22 +117,6 @@ def gemm_floor(prefill: Callable[[], object]) -> dict:
 
 
 # ---------------------------------------------------------------------------------- sides
-@dataclass
-class Side:
-    name: str
-    on: Callable[[], None] = lambda: None
-    off: Callable[[], None] = lambda: None
-    info: dict = field(default_factory=dict)  # what the side is: patch, fast substitutions applied, compile
-    logits: torch.Tensor | None = None
-    tokens: list | None = None
-    forced: list | None = None
-    wall_ms: list = field(default_factory=list)
-    cpu_ms: list = field(default_factory=list)
-    floor: dict | None = None
-    model: object = None  # a model of the side's own (a patched, compiled copy), else the shared one
-    close: Callable[[], None] = lambda: None  # at the end of the section: undo what stays on `model`
-
-
 def patched_side(model, name: str, ops=None, exact: bool = True, fast=None) -> Side:
     """opgym.patch(model, ops, exact=exact, fast=fast) while on; the first patch's record in side.info."""
     import opgym
@@ -270,8 +237,8 @@ def evaluate(model, inputs: dict, sides: list, n_tokens: int = 64, repeats: int 
                     try:
                         c0, t0 = time.process_time(), time.perf_counter()
                         prefill(m)
-                        s.wall_ms.append((time.perf_counter() - t0) * 1e3)
-                        s.cpu_ms.append((time.process_time() - c0) * 1e3)
+                        s.prefill_ms.append((time.perf_counter() - t0) * 1e3)
+                        s.prefill_cpu_ms.append((time.process_time() - c0) * 1e3)
                     finally:
                         s.off()
             if floor:
@@ -292,12 +259,12 @@ def evaluate(model, inputs: dict, sides: list, n_tokens: int = 64, repeats: int 
 def result(sides: list, n_prompt: int, repeats: int, ref_margins) -> dict:
     """The section's JSON: one row per side, ratios to sides[0]."""
     ref = sides[0]
-    rw = statistics.median(ref.wall_ms) if repeats else None
-    rc = statistics.median(ref.cpu_ms) if repeats else None
+    rw = statistics.median(ref.prefill_ms) if repeats else None
+    rc = statistics.median(ref.prefill_cpu_ms) if repeats else None
     rows = []
     for s in sides:
-        w = statistics.median(s.wall_ms) if repeats else None
-        c = statistics.median(s.cpu_ms) if repeats else None
+        w = statistics.median(s.prefill_ms) if repeats else None
+        c = statistics.median(s.prefill_cpu_ms) if repeats else None
         tk = token_agreement(ref.tokens, s.tokens)
         if tk["first_divergence"] is not None and ref_margins and tk["first_divergence"] < len(ref_margins):
             tk["ref_margin_ulp_at_divergence"] = ref_margins[tk["first_divergence"]]
@@ -306,7 +273,7 @@ def result(sides: list, n_prompt: int, repeats: int, ref_margins) -> dict:
                "tokens_list": s.tokens, "teacher_forced_list": s.forced, "teacher_forced_agree": tf, "teacher_forced_n": len(ref.tokens),
                "prefill_wall_ms": w, "prefill_cpu_ms": c,
                "wall_ratio": w / rw if repeats else None, "cpu_ratio": c / rc if repeats else None,
-               "prefill_wall_ms_all": s.wall_ms, "prefill_cpu_ms_all": s.cpu_ms, "floor": s.floor}
+               "prefill_wall_ms_all": s.prefill_ms, "prefill_cpu_ms_all": s.prefill_cpu_ms, "floor": s.floor}
         if s.floor is not None and rw:
             row["floor_ratio"] = s.floor["gemm_ms"] / rw  # the side's GEMM time as a share of the reference's prefill
         rows.append(row)
@@ -363,7 +330,7 @@ def default_sides(fast: bool, compile_: bool) -> str:
     return ",".join(out)
 
 
-def side_label(token: str, fast_sel: tuple, attn: str) -> str:
+def side_label(token: str, attn: str) -> str:
     kind, _, comp = token.partition("@")
     base = {"hf": f"HF eager ({attn})", "opgym": "opgym exact", "fast": "opgym fast"}.get(kind)
     if base is None:
@@ -400,7 +367,7 @@ def build_sides(model, spec: str, ops: tuple, fast_sel: tuple, fast_names: tuple
                 s = compiled(model, s, t)
         else:
             s = compiled_copy(model, make, t) if comp else make(model)
-        s.name = side_label(t, fast_sel, attn)
+        s.name = side_label(t, attn)
         sides.append(s)
     if len({s.name for s in sides}) != len(sides):
         raise UsageError(f"--accuracy-sides {spec}: a side is named twice")

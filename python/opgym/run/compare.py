@@ -1,8 +1,13 @@
 """What the sides' outputs say about each other: the prefill logits and greedy tokens (opgym vs the
 baseline), each RMSNorm output against HF's on the same input, the --ablation variants' bits, and the
-graph side (opgym.compile) against HF eager and opgym.patch."""
+graph side (opgym.compile) against HF eager and opgym.patch.
+
+One comparison of logits and one of tokens serve every section of the report (the agreement, --ablation,
+the graph side, the accuracy section): `logits_table` (bits by admission's one rule, max |diff|, argmax per
+position) and `token_agreement` (equal tokens, first divergence)."""
 from __future__ import annotations
 
+from ..admission import count_differences
 from ..numerics import ulp_distance
 from .measure import median, pct, spread_entry
 from ..ops.rms_norm.integration import find_rms_norms
@@ -24,7 +29,9 @@ def rms_exactness(model, inputs, sync) -> dict:
         d = (out.float() - ref.float()).abs()
         acc["calls"] += 1
         acc["elements"] += d.numel()
-        n = int((d != 0).sum())
+        n = bits_differing(out, ref)
+        if n is None:  # another dtype than HF's: compare the values
+            n = int((d != 0).sum())
         if n:
             acc["differing"] += n
             acc["max_abs_diff"] = max(acc["max_abs_diff"], d.max().item())
@@ -43,45 +50,60 @@ def rms_exactness(model, inputs, sync) -> dict:
     return acc
 
 
+def bits_differing(a, b) -> int | None:
+    """Elements whose bits differ, by admission's one rule (count_differences: -0 and +0 differ, any NaN
+    equals any NaN); None when the shapes or dtypes differ. On the A/B's fp32 copies of the logits this is
+    the model's own bits too (widening is exact)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return None
+    return count_differences(a, b)
+
+
+def logits_table(ref, other) -> dict:
+    """`other`'s logits against `ref`'s (same shape and dtype, last dim = the vocabulary): n elements, how
+    many differ (bits_differing), max |diff| and max |ref| (in fp32), and the positions whose argmax agree."""
+    assert ref.shape == other.shape and ref.dtype == other.dtype, (ref.shape, other.shape, ref.dtype, other.dtype)
+    n = ref.numel()
+    r32, o32 = ref.float(), other.float()
+    a, b = ref.reshape(-1, ref.shape[-1]).argmax(-1), other.reshape(-1, other.shape[-1]).argmax(-1)
+    return {"n": n, "differ": bits_differing(ref, other),
+            "max_abs_diff": float((r32 - o32).abs().max()) if n else 0.0,
+            "ref_max_abs": float(r32.abs().max()) if n else 0.0,
+            "positions": int(a.numel()), "argmax_agree": int((a == b).sum())}
+
+
+def token_agreement(ref: list, other: list) -> dict:
+    """How many of `other`'s greedy tokens equal `ref`'s, and the first step where they differ (None: none;
+    a shorter list diverges where it ends)."""
+    first = next((i for i, (x, y) in enumerate(zip(ref, other)) if x != y), None)
+    if first is None and len(ref) != len(other):
+        first = min(len(ref), len(other))
+    return {"n": len(ref), "equal": sum(int(x == y) for x, y in zip(ref, other)), "first_divergence": first}
+
+
 def agreement(base_logits, opt_logits, base_tokens, opt_tokens) -> dict:
-    a, b = opt_logits, base_logits
-    diff = (a - b).abs()
+    t = logits_table(base_logits, opt_logits)
+    b = base_logits
     nz = b != 0
-    rel = (diff[nz] / b[nz].abs()).max().item() if bool(nz.any()) else 0.0
-    first = None
-    for i, (x, y) in enumerate(zip(base_tokens, opt_tokens)):
-        if x != y:
-            first = i
-            break
-    if first is None and len(base_tokens) != len(opt_tokens):
-        first = min(len(base_tokens), len(opt_tokens))
+    rel = ((opt_logits[nz] - b[nz]).abs() / b[nz].abs()).max().item() if bool(nz.any()) else 0.0
     return {
-        "logits_max_abs_diff": diff.max().item(),
+        "logits_max_abs_diff": t["max_abs_diff"],
         "logits_max_rel_diff": rel,
         "logits_rel_diff_definition": "max over elements with baseline != 0 of |opgym - baseline| / |baseline| "
                                       "(elementwise; large where a logit is near 0)",
-        "logits_max_abs_diff_over_max_abs": diff.max().item() / max(b.abs().max().item(), 1e-30),
-        "logits_elements": int(b.numel()),
+        "logits_max_abs_diff_over_max_abs": t["max_abs_diff"] / max(t["ref_max_abs"], 1e-30),
+        "logits_elements": t["n"],
         "logits_shape": list(b.shape),
-        "logits_elements_differing": int((diff != 0).sum().item()),
-        "logits_max_abs_baseline": b.abs().max().item(),
-        "logits_argmax_positions_differing": int((a.argmax(-1) != b.argmax(-1)).sum().item()),
-        "logits_compared": "prefill forward, every position, dtype of the model's logits converted to fp32",
+        "logits_elements_differing": t["differ"],
+        "logits_max_abs_baseline": t["ref_max_abs"],
+        "logits_argmax_positions_differing": t["positions"] - t["argmax_agree"],
+        "logits_compared": "prefill forward, every position, dtype of the model's logits converted to fp32; "
+                           "differing: bit patterns (-0 and +0 differ, any NaN equals any NaN)",
         "tokens_identical": base_tokens == opt_tokens,
-        "first_divergence": first,
+        "first_divergence": token_agreement(base_tokens, opt_tokens)["first_divergence"],
         "baseline_tokens": base_tokens,
         "opgym_tokens": opt_tokens,
     }
-
-
-def _bit_differing(a, b) -> int | None:
-    """Elements whose bits differ (fp32 copies of the logits, so of the model's own bits too: widening
-    is exact); None when the shapes differ."""
-    import torch
-
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return None
-    return int((a.contiguous().view(torch.int32) != b.contiguous().view(torch.int32)).sum().item())
 
 
 def ablation(base, singles, opt, base_logits, opt_logits) -> dict:
@@ -93,7 +115,7 @@ def ablation(base, singles, opt, base_logits, opt_logits) -> dict:
     for side in (*singles, opt):
         key = side.ops[0] if side is not opt else "all"
         logits = side.logits.load() if side is not opt else opt_logits
-        differing = _bit_differing(base_logits, logits)
+        differing = bits_differing(base_logits, logits)
         del logits
         e = {"ops": list(side.ops), **spread_entry(side)}
         e["prefill_change_pct"] = pct(b["prefill_ms"], e["prefill_ms"])
@@ -131,12 +153,8 @@ def graph_section(base, graph, opt, base_logits, graph_logits, patch_logits_diff
     and left as captured per op, and the calls fused / fallen back as the patched side counts them."""
     h = graph.handle
     b, g, o = spread_entry(base), spread_entry(graph), spread_entry(opt)
-    differing = _bit_differing(base_logits, graph_logits)
-    first = None
-    for i, (x, y) in enumerate(zip(base.tokens or [], graph.tokens or [])):
-        if x != y:
-            first = i
-            break
+    differing = bits_differing(base_logits, graph_logits)
+    first = token_agreement(base.tokens or [], graph.tokens or [])["first_divergence"]
     fc, bfc = graph.first_calls, base.first_calls
     c = graph.counts
     return {

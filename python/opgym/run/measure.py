@@ -6,9 +6,10 @@ import contextlib
 import ctypes
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
+
+from .profile import profile_side
 
 
 class TokenTimes:
@@ -111,24 +112,6 @@ class Stash:
                 os.unlink(self.path)
 
 
-@contextlib.contextmanager
-def quiet_stderr():
-    """fd 2 to /dev/null (the profiler backend prints start/stop lines there)."""
-    sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def syncer(device: str):
     import torch
 
@@ -148,7 +131,6 @@ def measure(model, inputs, args, device, progress, base, variants, mem, sites, p
     `sites`: each op's sites (profile.op_sites), labelled in the profiled prefill."""
     import torch
 
-    from .profile import profile_side
     from .sides import Switch
 
     sync = syncer(device)
@@ -178,9 +160,8 @@ def measure(model, inputs, args, device, progress, base, variants, mem, sites, p
         if i == 0:  # on the graph side the calls that capture and rewrite (each input signature's first)
             side.first_calls = {"forward_ms": (t[1] - t[0]) * 1e3, "prefill_ms": (t[3] - t[2]) * 1e3,
                                 "generate_ms": (t[4] - t[3]) * 1e3}
-        handle = getattr(side, "handle", None)
-        if handle is not None:
-            side.graphs_after_warmup = handle.graphs
+        if side.handle is not None:
+            side.graphs_after_warmup = side.handle.graphs
         progress.done()
 
     def timed(side, r):

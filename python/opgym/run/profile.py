@@ -12,14 +12,48 @@ both in ms and as a fraction of the profiled prefill's range."""
 from __future__ import annotations
 
 import contextlib
-
-from .measure import quiet_stderr
+import os
+import sys
 
 FWD_LABEL = "opgym_run::forward"
 STEP_LABEL = "opgym_run::step::"
 LAYER_LABEL = "opgym_run::text_layer0"
 PARTS = (("vision encoder", ("model", "visual")), ("text decoder", ("model", "language_model")),
          ("lm_head", ("lm_head",)))
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+    """fd 2 to /dev/null (the profiler backend prints start/stop lines there)."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def profiling(activities=None):
+    """torch.profiler.profile over the block (CPU activity unless `activities`), its start and stop lines
+    kept off stderr; yields the profiler, whose events are read after the block."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=activities or [ProfilerActivity.CPU])
+    with quiet_stderr():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with quiet_stderr():
+            prof.__exit__(None, None, None)
 
 
 def part_label(name):
@@ -71,7 +105,6 @@ def _top_level_op_counts(events, step: int) -> dict:
 def decode_op_counts(model, inputs, sync) -> dict:
     """One generate of two tokens under torch.profiler; the second forward is a decode step."""
     from torch.autograd.profiler import record_function
-    from torch.profiler import ProfilerActivity, profile
 
     layers = getattr(getattr(getattr(model, "model", None), "language_model", None), "layers", None)
     stack, step, handles = [], [0], []
@@ -96,15 +129,9 @@ def decode_op_counts(model, inputs, sync) -> dict:
         handles.append(layers[0].register_forward_pre_hook(pre(lambda: LAYER_LABEL)))
         handles.append(layers[0].register_forward_hook(post, always_call=True))
     try:
-        with quiet_stderr():
-            prof = profile(activities=[ProfilerActivity.CPU])
-            prof.__enter__()
-        try:
+        with profiling() as prof:
             model.generate(**inputs, max_new_tokens=2, min_new_tokens=2, do_sample=False, num_beams=1)
             sync()
-        finally:
-            with quiet_stderr():
-                prof.__exit__(None, None, None)
     finally:
         for h in handles:
             h.remove()
@@ -196,21 +223,14 @@ OP_SHARES_MEASURED_AS = (
 def profile_side(model, inputs, prefill, device, sync, compiled: bool, sites: dict) -> dict:
     """One prefill under torch.profiler (the model in the side's state), then the decode op counts.
     `sites`: op_sites(model), taken once on the model as built."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, record_function
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    prof = profile(activities=acts)
     wraps = _parts(model) + [(m, op_label(op)) for op, modules in sites.items() for m in modules]
-    with _ranges(wraps, sync) as calls:
-        with quiet_stderr():  # the profiler backend prints start/stop lines on fd 2
-            prof.__enter__()
-        try:
-            with record_function(FWD_LABEL):
-                prefill()
-                sync()
-        finally:
-            with quiet_stderr():
-                prof.__exit__(None, None, None)
+    with _ranges(wraps, sync) as calls, profiling(acts) as prof:
+        with record_function(FWD_LABEL):
+            prefill()
+            sync()
     events = prof.key_averages()
     ka = {e.key: e for e in events}
     fwd_us = ka[FWD_LABEL].cpu_time_total if FWD_LABEL in ka else None

@@ -1,33 +1,56 @@
 """The sides of the A/B on one model object: the baseline (HF as built), the opgym side (patched,
 undone whenever another side runs), the graph side (opgym.compile, its compiled call dropped whenever
-another side runs and put back after) and, under --ablation, one patched side per op alone."""
+another side runs and put back after) and, under --ablation, one patched side per op alone. `Side` is
+also the accuracy section's side (accuracy.build_sides)."""
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
+from dataclasses import dataclass, field
+from typing import Callable
 
 from .options import UsageError
 
 
+def _nothing():
+    return None
+
+
+@dataclass(eq=False)  # sides are compared by identity (`side in profiled_sides`), never by their fields
 class Side:
-    """One side of the A/B and what was measured on it. `on()` / `off()` put the shared model into
-    this side's state (opgym: patch / undo; --compile: compile / drop the compiled forward)."""
+    """One side of an A/B on one model object, and what was measured on it: the plain A/B's sides (Sides
+    below) and the accuracy section's (accuracy.build_sides) alike. `on()` / `off()` put the model into
+    this side's state and take it back out (opgym: patch / undo; --compile: compile / drop the compiled
+    forward); `close()` runs once at the end (a side on a model of its own: undo what stays on it)."""
 
-    def __init__(self, name, on, off):
-        self.name, self._on, self._off = name, on, off
-        self.logits = None
-        self.prefill_ms, self.rates, self.totals, self.ttfts, self.peaks = [], [], [], [], []
-        self.tokens = None
-        self.profile = {}
-        self.first_calls = {}  # the first warm-up's calls, wall ms: forward (full logits), prefill, generate
-        self.graphs_after_warmup = None  # the graph side: the handle's graphs once warmed up
-
-    def on(self):
-        self._on()
-
-    def off(self):
-        self._off()
+    name: str
+    on: Callable[[], None] = _nothing
+    off: Callable[[], None] = _nothing
+    close: Callable[[], None] = _nothing
+    model: object = None  # a model of the side's own (a patched, compiled copy), else the shared one
+    info: dict = field(default_factory=dict)  # what the side is: patch, fast substitutions applied, compile
+    # a patched or graph side of the plain A/B: its ops, its handles' summed call counters, the fast record
+    ops: tuple = ()
+    counts: dict | None = None
+    fast: dict | None = None
+    fast_notes: dict = field(default_factory=dict)
+    handle: object = None  # the graph side's GraphHandle
+    setup_ms: float | None = None  # the graph side's opgym.compile call
+    # measured
+    logits: object = None  # the full-logits forward: a measure.Stash in the A/B, a tensor in the accuracy section
+    tokens: list | None = None  # greedy tokens
+    forced: list | None = None  # teacher-forced argmax (accuracy section)
+    prefill_ms: list = field(default_factory=list)  # wall ms of each timed prefill
+    prefill_cpu_ms: list = field(default_factory=list)  # process CPU ms of each (accuracy section)
+    rates: list = field(default_factory=list)  # decode tokens/s of each timed generate
+    totals: list = field(default_factory=list)  # wall s of each timed generate
+    ttfts: list = field(default_factory=list)  # time to first token, ms
+    peaks: list = field(default_factory=list)  # peak memory, MB
+    profile: dict = field(default_factory=dict)  # the profiled prefill's figures (profile.profile_side)
+    first_calls: dict = field(default_factory=dict)  # the first warm-up's calls, wall ms: forward, prefill, generate
+    graphs_after_warmup: int | None = None  # the graph side: the handle's graphs once warmed up
+    floor: dict | None = None  # the GEMM floor of one profiled prefill (accuracy section)
 
 
 class Switch:
@@ -104,10 +127,8 @@ class Sides:
             _add_stats(counts, h.stats())
             h.undo()
 
-        side = Side(name, on, off)
-        side.ops, side.counts, side.fast, side.fast_notes = tuple(side_ops), counts, None, {}
+        side = Side(name, on, off, ops=tuple(side_ops), counts=counts)
         return side
-
 
     def graph(self, name: str = "graph") -> Side:
         """The exact graph path: on() is opgym.compile(model) the first time (Dynamo captures at the first
@@ -135,8 +156,7 @@ class Sides:
             _add_stats(counts, side.handle.stats())
             side.handle.undo()
 
-        side = Side(name, on, off)
-        side.ops, side.counts, side.handle, side.setup_ms = ("graph",), counts, None, None
+        side = Side(name, on, off, ops=("graph",), counts=counts)
         return side
 
 

@@ -228,7 +228,7 @@ def _neighbours(model: nn.Module) -> tuple[dict, dict]:
     return nxt, prev
 
 
-def _reported(name: str, layer: nn.Module, in_lists: set) -> bool:
+def _reported(layer: nn.Module, in_lists: set) -> bool:
     """Whether an unfused module is worth a line in handle.skipped: a layer (an entry of a ModuleList
     whose class is a ...Layer or ...Block), or a decoder layer / vision block anywhere."""
     cls = type(layer).__name__
@@ -243,7 +243,7 @@ def _skip_reason(layer: nn.Module, why: str | None) -> str:
     return "forward not one opgym has verified"
 
 
-def _candidate(name, layer, form, handle, verdicts) -> str | None:
+def _candidate(layer, form, handle) -> str | None:
     """Why this layer of a verified form is not fused, or None."""
     cls = type(layer)
     if own_forward(layer) or handle.owned_elsewhere(layer, "add_rms_norm"):
@@ -254,7 +254,7 @@ def _candidate(name, layer, form, handle, verdicts) -> str | None:
     if not isinstance(norm, nn.Module) or not is_rms_norm(norm):
         return (f"{cls.__name__}: {form.fuse} is {type(norm).__name__}, not an RMSNorm opgym computes (a leaf "
                 f"with a 1-D weight, an eps and no bias) (add_rms_norm)")
-    why = norm_verdict(norm, verdicts)
+    why = norm_verdict(norm)
     if why is not None:
         return f"{cls.__name__}: {form.fuse}: {why} (add_rms_norm)"
     try:  # the form's rewrite, checked against its data once per class
@@ -269,16 +269,15 @@ def apply(model: nn.Module, handle, devices) -> None:
     """Fuses the residual add and norm of every layer of `model` whose forward is a verified form, and
     the last add of each such layer with the next fused layer's input norm where both forms chain."""
     forms: dict = {}
-    verdicts: dict = {}
     in_lists = {id(e) for m in model.modules() if isinstance(m, nn.ModuleList) for e in m}
     fused: dict[int, tuple[str, nn.Module, Form]] = {}
     for name, layer in model.named_modules():
         form, why = layer_form(type(layer), forms)
         if form is None:
-            if why is not None or _reported(name, layer, in_lists):
+            if why is not None or _reported(layer, in_lists):
                 handle.skipped[name] = f"{type(layer).__name__}: {_skip_reason(layer, why)} (add_rms_norm)"
             continue
-        why = _candidate(name, layer, form, handle, verdicts)
+        why = _candidate(layer, form, handle)
         if why is not None:
             handle.skipped[name] = why
             continue
@@ -289,7 +288,7 @@ def apply(model: nn.Module, handle, devices) -> None:
     def input_norm(b):  # b's chain-in norm, when b is fused and its form chains in
         form = fused[id(b)][2] if b is not None and id(b) in fused else None
         n = getattr(b, form.chain_in, None) if form is not None and form.chain_in else None
-        return n if isinstance(n, nn.Module) and is_rms_norm(n) and norm_verdict(n, verdicts) is None else None
+        return n if isinstance(n, nn.Module) and is_rms_norm(n) and norm_verdict(n) is None else None
 
     def chained(a, b) -> bool:  # a's last add fused with b's input norm
         return a is not None and id(a) in fused and fused[id(a)][2].chain_out and input_norm(b) is not None

@@ -48,7 +48,7 @@ class _Module:
         self.num_key_value_groups, self.training, self.scaling, self.attention_dropout = groups, False, None, 0.0
 
 
-def _text(label, dims, dtype, torch, hf, F, fused, compiled):
+def _text(dims, dtype, torch, hf, F, fused, compiled):
     B, H, S, T = dims
     KV = TEXT_KV if H % TEXT_KV == 0 else 1
     g = torch.Generator().manual_seed(0)
@@ -69,7 +69,7 @@ def _text(label, dims, dtype, torch, hf, F, fused, compiled):
     }, 2 * scores.numel() * scores.element_size()
 
 
-def _vision(label, dims, dtype, torch, hf, F, vision, compiled):
+def _vision(dims, dtype, torch, hf, F, vision, compiled):
     H, cu = dims
     P = cu[-1]
     lengths = [b - a for a, b in zip(cu, cu[1:])]
@@ -119,10 +119,10 @@ def run(args, impls, threads) -> list[dict]:
         for label, kind, dims, dt in _inputs(args):
             dtype = getattr(torch, dt)
             if kind == "text":
-                fns, nbytes = _text(label, dims, dtype, torch, hf, F, fused, compiled)
+                fns, nbytes = _text(dims, dtype, torch, hf, F, fused, compiled)
                 shape = list(dims)
             else:
-                fns, nbytes = _vision(label, dims, dtype, torch, hf, F, vision, compiled)
+                fns, nbytes = _vision(dims, dtype, torch, hf, F, vision, compiled)
                 shape = [dims[0], dims[1][-1], len(dims[1]) - 1]
             loops = {n: fns[n] for n in impls if n in fns}
             with torch.no_grad():

@@ -98,24 +98,18 @@ def _make_forward(module: nn.Module, original, eps: float, counters, devices):
     return types.MethodType(forward, module)
 
 
-def norm_verdict(module: nn.Module, cache: dict | None = None, forward=None) -> str | None:
+def norm_verdict(module: nn.Module, forward=None) -> str | None:
     """None when opgym may patch this module: the probe admits a variant for its weight's dtype, or
     that dtype is one opgym does not compute (fp64: every call falls back until a move to a served
-    dtype, whose signature is probed at its first call); else the reason. (`cache` is unused:
-    admission caches by itself.)"""
+    dtype, whose signature is probed at its first call); else the reason (admission caches the verdicts)."""
     if module.weight.dtype not in _FUSED_DTYPES:
         return None
     return admit(module, forward)[1]
 
 
-def norm_variant(module: nn.Module, forward=None) -> Variant | None:
-    return admit(module, forward)[0]
-
-
 def apply(model: nn.Module, handle, devices) -> None:
     """Patches every RMSNorm module of `model` that opgym serves; records them in `handle`."""
     found = find_rms_norms(model)
-    verdict: dict[type, str | None] = {}
     for name, module in found:
         if handle.owned_elsewhere(module, "rms_norm"):
             handle.skipped[name] = "already patched by another handle"
@@ -124,7 +118,7 @@ def apply(model: nn.Module, handle, devices) -> None:
             handle.skipped[name] = f"{type(module).__name__}: forward replaced on the instance"
             continue
         original = module.forward
-        why = norm_verdict(module, verdict, original)
+        why = norm_verdict(module, original)
         if why is not None:
             handle.skipped[name] = f"{type(module).__name__}: {why}"
             continue

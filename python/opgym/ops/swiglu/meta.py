@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import _meta as m
-
-_ACTIVATIONS = ("silu", "gelu_tanh")
+from . import ACTIVATIONS
 
 
 def define() -> None:
@@ -20,7 +19,7 @@ def define() -> None:
 
 
 def _activation(activation, op):
-    if activation not in _ACTIVATIONS:
+    if activation not in ACTIVATIONS:
         raise ValueError(f'opgym::{op}: activation must be "silu" or "gelu_tanh", got "{activation}"')
 
 

@@ -2,7 +2,7 @@
 enough: the patch embedding does not depend on depth) and the synthetic page's pixel rows, at several
 page sizes (P = patches), bf16; bits vs HF's own Qwen2_5_VisionPatchEmbed.forward.
 
-    PYTHONPATH=python python proto/patch_embed/model_check.py
+    PYTHONPATH=python python src/ops/patch_embed/proto/model_check.py
 """
 import os
 import sys

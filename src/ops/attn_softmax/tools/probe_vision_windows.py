@@ -6,7 +6,7 @@ at Qwen2.5-VL-3B's vision shapes (16 heads, head_dim 80; q/k/v as HF makes them:
   B. per-window matmuls writing into slices of that buffer (torch.matmul(..., out=slice)): same bits? in place?
   C. an uneven window zero-padded to 64 keys (probabilities 0 past L, v rows 0): the output matmul's bits vs
      HF's K = L matmul.
-Usage: .venv/bin/python scripts/probe_vision_windows.py"""
+Usage: .venv/bin/python src/ops/attn_softmax/tools/probe_vision_windows.py"""
 import torch
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import eager_attention_forward
 import types

@@ -1,8 +1,8 @@
 """Peak memory of Qwen2.5-VL's vision tower on one page, with HF's attention or opgym's attn_softmax
 (issue 24's target: "peak memory of a 3072-patch prefill lower").
 
-    .venv/bin/python scripts/vision_peak.py --side hf     --page 896x672
-    .venv/bin/python scripts/vision_peak.py --side opgym  --page 896x672
+    .venv/bin/python src/ops/attn_softmax/tools/vision_peak.py --side hf     --page 896x672
+    .venv/bin/python src/ops/attn_softmax/tools/vision_peak.py --side opgym  --page 896x672
 
 One side per process (a fresh allocator each): the embedded Qwen2.5-VL-3B architecture (real widths,
 seeded weights, bf16, eager attention, --vision-blocks blocks, the last a full-attention one), one text

@@ -3,7 +3,7 @@
 Liger-Kernel (when importable), each timed as N calls captured in one CUDA graph (and eagerly for the
 MLP), plus ulp agreement with HF on the same GPU.
 
-    python scripts/gpu_bench_swiglu.py [--json FILE] [--dry-run-cpu]
+    python src/ops/swiglu/tools/gpu_bench.py [--json FILE] [--dry-run-cpu]
 
 Rows: activation (gate_up [T, 2I] -> [T, I]): copy of the same bytes (the ceiling), opgym swiglu_merged,
 HF's act_fn(gate) * up, Liger's LigerSiLUMulFunction; MLP (bf16, T tokens): HF's module, the module
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_bench  # noqa: E402 - its timing (CUDA graph / back-to-back, events) and DEVICE switch
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "scripts"))
+import gpu_timing as timing  # noqa: E402 - the shared GPU timing (CUDA graph / back-to-back, events) and DEVICE switch
 
 
 def timed(fn, graph: bool, nbytes: int) -> float:
-    """Microseconds per call: gpu_bench's CUDA-graph or eager timing (wall clock with --dry-run-cpu)."""
-    return (gpu_bench.time_graph if graph else gpu_bench.time_eager)(fn, nbytes)
+    """Microseconds per call: gpu_timing's CUDA-graph or eager timing (wall clock with --dry-run-cpu)."""
+    return (timing.time_graph if graph else timing.time_eager)(fn, nbytes)
 
 
 def main() -> int:
@@ -35,7 +35,7 @@ def main() -> int:
     ap.add_argument("--dry-run-cpu", action="store_true")
     args = ap.parse_args()
     if args.dry_run_cpu:
-        gpu_bench.DEVICE = "cpu"
+        timing.DEVICE = "cpu"
     elif not torch.cuda.is_available():
         print("gpu_bench_swiglu: no CUDA device visible to torch", file=sys.stderr)
         return 2
@@ -51,10 +51,10 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001
         LigerSiLUMulFunction = LigerSwiGLUMLP = None
         print(f"Liger-Kernel not used: {type(e).__name__}: {e}")
-    dev, dt = torch.device(gpu_bench.DEVICE), torch.bfloat16
+    dev, dt = torch.device(timing.DEVICE), torch.bfloat16
     rows = []
     shapes = [("text", 2048, 11008, T) for T in (1, 282, 794, 4096)] + [("vision", 1280, 3420, T) for T in (1024, 3072)]
-    if gpu_bench.DEVICE == "cpu":
+    if timing.DEVICE == "cpu":
         shapes = [("text", 2048, 11008, 1), ("vision", 1280, 3420, 64)]
     mlps = {}
     for kind, H, I, T in shapes:
@@ -69,7 +69,7 @@ def main() -> int:
         r["copy_us"] = timed(lambda: dst.copy_(src), True, nb)
         r["act_opgym_us"] = timed(lambda: torch.ops.opgym.swiglu_merged(gu), True, nb)
         r["act_hf_us"] = timed(lambda: act(gate) * up, True, nb)
-        if LigerSiLUMulFunction is not None and gpu_bench.DEVICE == "cuda":
+        if LigerSiLUMulFunction is not None and timing.DEVICE == "cuda":
             r["act_liger_us"] = timed(lambda: LigerSiLUMulFunction.apply(gate, up), True, nb)
         d = ulp_distance(torch.ops.opgym.swiglu_merged(gu).cpu(), (act(gate) * up).cpu())
         r["act_ulp_max"], r["act_identical"] = int(d.max()), float((d == 0).float().mean())
@@ -82,7 +82,7 @@ def main() -> int:
             ours.load_state_dict(hf.state_dict())
             handle = opgym.patch(torch.nn.ModuleDict({"m": ours}), ops=("swiglu",))
             liger = None
-            if LigerSwiGLUMLP is not None and gpu_bench.DEVICE == "cuda" and kind == "text":
+            if LigerSwiGLUMLP is not None and timing.DEVICE == "cuda" and kind == "text":
                 liger = LigerSwiGLUMLP(cfg).to(dt).to(dev).eval()
                 liger.load_state_dict(hf.state_dict())
             mlps[kind] = (hf, ours, liger, handle)

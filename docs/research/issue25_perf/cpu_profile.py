@@ -15,7 +15,7 @@ aten ops after composite decomposition (aten::linear shows as addmm/mm) and opgy
 Embedded Qwen2.5-VL-3B (4+4 layers, 448x448 page, bf16); sides: HF eager, opgym patched; attention eager
 and SDPA; `--rounds` prefills per side interleaved, per op the median over rounds.
 
-    PYTHONPATH=python python proto/perf/cpu_profile.py [--rounds 3] [--json out.json]
+    PYTHONPATH=python python docs/research/issue25_perf/cpu_profile.py [--rounds 3] [--json out.json]
 """
 import argparse
 import collections

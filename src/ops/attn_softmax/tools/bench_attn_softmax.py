@@ -7,7 +7,7 @@ torch thread is where every implementation runs). Floors, measured in the same r
 elements (the vectorized Sleef exp every implementation must compute: the compute floor).
 Vision windows: HF loops over the 64-patch windows ([1, 16, 64, 64] each); opgym makes one segmented call over
 the packed [16, P, 64] buffer.
-Usage: .venv/bin/python scripts/bench_attn_softmax.py [--rounds 15] [--threads 1]"""
+Usage: .venv/bin/python src/ops/attn_softmax/tools/bench_attn_softmax.py [--rounds 15] [--threads 1]"""
 from __future__ import annotations
 
 import argparse

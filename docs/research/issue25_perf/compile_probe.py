@@ -5,7 +5,7 @@
    opgym ops it contains, and the functionalization copies around in-place custom ops
    (auto_functionalized, copy_, clone), HF alone vs opgym.
 
-    PYTHONPATH=python python proto/perf/compile_probe.py [--attn eager|sdpa]
+    PYTHONPATH=python python docs/research/issue25_perf/compile_probe.py [--attn eager|sdpa]
 """
 import argparse
 import collections

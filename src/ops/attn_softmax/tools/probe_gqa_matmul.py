@@ -1,7 +1,7 @@
 """Probe for phase 2 (issue 24): does torch's matmul give HF's repeat_kv bits when q is grouped over the shared
 k/v heads instead ([B, KV, G*S, D] @ k^T, then attn [B, KV, G*S, T] @ v), at Qwen2.5-VL-3B's text shapes?
 Prints one line per (dtype, phase, S, T, threads, q layout): equal or the count of differing elements, for the
-scores matmul and the output matmul. Usage: .venv/bin/python scripts/probe_gqa_matmul.py"""
+scores matmul and the output matmul. Usage: .venv/bin/python src/ops/attn_softmax/tools/probe_gqa_matmul.py"""
 import torch
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import repeat_kv
 

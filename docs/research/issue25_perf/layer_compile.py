@@ -6,7 +6,7 @@ HF eager, opgym eager, HF compiled, opgym compiled (torch.compile of a call of t
 and checks bits: opgym eager vs HF eager; each compiled side vs HF eager. Time: thread CPU time at one
 intra-op thread (default; robust to a loaded machine), else process CPU time.
 
-    PYTHONPATH=python python proto/perf/layer_compile.py [--attn eager] [--reps 7]
+    PYTHONPATH=python python docs/research/issue25_perf/layer_compile.py [--attn eager] [--reps 7]
 """
 import argparse
 import statistics

@@ -3,7 +3,7 @@
 // rms_norm takes fp32 rows. Samples are taken round-robin (one of each implementation per round) and
 // the median is reported, so a slow spell of the machine hits all three alike.
 //
-//   scripts/ggml-bench.sh GGML_SOURCE_DIR [threads...]
+//   src/ops/rms_norm/tools/ggml-bench.sh GGML_SOURCE_DIR [threads...]
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """GPU benchmark of opgym's CUDA RMSNorm (run by scripts/gpu-check.sh; needs torch with CUDA and the
-opgym package with its CUDA operators importable).
+opgym package with its CUDA operators importable; its timing is scripts/gpu_timing.py's).
 
 Per shape (the captured Qwen2.5-VL-3B cases, then a size sweep):
   - time per call of opgym, HF eager (the LlamaRMSNorm forward), F.rms_norm, torch.compile of the HF
@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -32,33 +30,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-try:
-    from opgym.numerics import ulp_distance
-except Exception:  # the package is not importable (see --lib): take the module from this checkout
-    import importlib.util
-
-    _spec = importlib.util.spec_from_file_location(
-        "opgym_numerics", Path(__file__).resolve().parent.parent / "python" / "opgym" / "numerics.py")
-    _numerics = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_numerics)
-    ulp_distance = _numerics.ulp_distance
-
-REPO = Path(__file__).resolve().parent.parent
-DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-DEVICE = "cuda"  # --dry-run-cpu: "cpu", wall-clock timing, to exercise this script without a GPU
-
-
-def _wall(fn, iters: int, reps: int) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        times.append((time.perf_counter() - t) * 1e6 / iters)
-    return statistics.median(times)
+REPO = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(REPO / "scripts"))
+import gpu_timing as timing  # noqa: E402 - the shared GPU timing (CUDA graph / back-to-back), DEVICE switch, ulp stats
 
 
 def hf_forward(x, w, eps):
@@ -68,69 +42,6 @@ def hf_forward(x, w, eps):
     var = h.pow(2).mean(-1, keepdim=True)
     h = h * torch.rsqrt(var + eps)
     return w * h.to(dt)
-
-
-# ---- timing ---------------------------------------------------------------------------------------
-
-def _iters_for(nbytes: int) -> int:
-    return int(min(200, max(5, (1 << 31) // max(nbytes, 1))))
-
-
-def time_graph(fn, nbytes: int, reps: int = 5) -> float:
-    """Microseconds per call: `iters` calls captured in one CUDA graph, median of `reps` replays."""
-    iters = _iters_for(nbytes)
-    if DEVICE == "cpu":
-        return _wall(fn, 2, 1)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / iters)
-    del g
-    return statistics.median(times)
-
-
-def time_eager(fn, nbytes: int, reps: int = 3) -> float:
-    """Microseconds per call, back-to-back eager calls (includes launch overhead when CPU-bound)."""
-    iters = _iters_for(nbytes)
-    if DEVICE == "cpu":
-        return _wall(fn, 2, 1)
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / iters)
-    return statistics.median(times)
-
-
-# ---- numerics -------------------------------------------------------------------------------------
-
-def ulp_stats(a: torch.Tensor, b: torch.Tensor) -> tuple[int, float]:
-    d = ulp_distance(a, b)
-    return int(d.max().item()) if d.numel() else 0, float((d == 0).double().mean().item() * 100.0) if d.numel() else 100.0
 
 
 # ---- contenders ------------------------------------------------------------------------------------
@@ -172,19 +83,19 @@ class Bench:
     def measure(self, label: str, shape, dtype, wdtype=None, eps=1e-6, kind="sweep"):
         wdtype = wdtype or dtype
         torch.manual_seed(0)
-        x = torch.randn(shape, device=DEVICE, dtype=torch.float32).to(dtype)
-        w = torch.randn(shape[-1], device=DEVICE, dtype=torch.float32).to(wdtype)
+        x = torch.randn(shape, device=timing.DEVICE, dtype=torch.float32).to(dtype)
+        w = torch.randn(shape[-1], device=timing.DEVICE, dtype=torch.float32).to(wdtype)
         out_dtype = torch.promote_types(wdtype, dtype)
-        out = torch.empty(shape, device=DEVICE, dtype=out_dtype)
+        out = torch.empty(shape, device=timing.DEVICE, dtype=out_dtype)
         nbytes = x.numel() * x.element_size() + out.numel() * out.element_size()
-        r = {"label": label, "kind": kind, "shape": list(shape), "dtype": SHORT[dtype], "weight_dtype": SHORT[wdtype],
+        r = {"label": label, "kind": kind, "shape": list(shape), "dtype": timing.SHORT[dtype], "weight_dtype": timing.SHORT[wdtype],
              "bytes": nbytes}
         ops = torch.ops.opgym
 
         # Numerics first (one call each).
         y = ops.rms_norm(x, w, eps, "hf", False)
         ref = hf_forward(x, w, eps)
-        r["ulp_max_vs_hf"], r["identical_pct_vs_hf"] = ulp_stats(y, ref)
+        r["ulp_max_vs_hf"], r["identical_pct_vs_hf"] = timing.ulp_stats(y, ref)
         if x.numel() <= self.args.cpu_check_max:
             y_cpu = ops.rms_norm(x.cpu(), w.cpu(), eps, "hf", False)
             r["bitexact_vs_cpu"] = bool(torch.equal(y.cpu().view(torch.int16 if y.element_size() == 2 else torch.int32),
@@ -192,7 +103,7 @@ class Bench:
         del ref, y
 
         # Copy of the same bytes: src/dst of x's bytes for the read, out's bytes for the write.
-        src = torch.empty(nbytes // 2, device=DEVICE, dtype=torch.uint8)
+        src = torch.empty(nbytes // 2, device=timing.DEVICE, dtype=torch.uint8)
         dst = torch.empty_like(src)
         timers = {
             "copy": lambda: dst.copy_(src),
@@ -214,9 +125,9 @@ class Bench:
                 r["liger_error"] = f"{type(e).__name__}: {e}"
         for name, fn in timers.items():
             try:
-                r[f"{name}_us"] = time_graph(fn, nbytes)
+                r[f"{name}_us"] = timing.time_graph(fn, nbytes)
                 if name in ("opgym", "hf_eager", "compile", "copy"):
-                    r[f"{name}_eager_us"] = time_eager(fn, nbytes)
+                    r[f"{name}_eager_us"] = timing.time_eager(fn, nbytes)
             except Exception as e:  # a contender failing must not end the run
                 r[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
         if "opgym_us" in r:
@@ -225,7 +136,7 @@ class Bench:
             r["copy_GBps"] = nbytes / (r["copy_us"] * 1e-6) / 1e9
             r["pct_of_copy"] = 100.0 * r["copy_us"] / r["opgym_us"]
         del src, dst, x, w, out
-        if DEVICE == "cuda":
+        if timing.DEVICE == "cuda":
             torch.cuda.empty_cache()
         self.rows.append(r)
         print(f"  {label:<34} {json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k not in ('label', 'kind')})}",
@@ -236,10 +147,10 @@ class Bench:
 def checks(notes: list[str]) -> dict:
     """CUDA graph capture and torch.compile(mode='reduce-overhead') of the opgym operator."""
     res = {}
-    if DEVICE != "cuda":
+    if timing.DEVICE != "cuda":
         return {"cuda_graph_capture": "not run (cpu)", "compile_reduce_overhead": "not run (cpu)"}
-    x = torch.randn(4, 2048, device=DEVICE).to(torch.bfloat16)
-    w = torch.randn(2048, device=DEVICE).to(torch.bfloat16)
+    x = torch.randn(4, 2048, device=timing.DEVICE).to(torch.bfloat16)
+    w = torch.randn(2048, device=timing.DEVICE).to(torch.bfloat16)
     want = torch.ops.opgym.rms_norm(x, w, 1e-6, "hf", False)
     try:
         out = torch.empty_like(x)
@@ -284,9 +195,8 @@ def main() -> int:
     ap.add_argument("--lib", default=None, help="opgym's _C.so, loaded directly when `import opgym` fails")
     ap.add_argument("--dry-run-cpu", action="store_true", help="exercise the script on the CPU operators (no GPU)")
     args = ap.parse_args()
-    global DEVICE
     if args.dry_run_cpu:
-        DEVICE = "cpu"
+        timing.DEVICE = "cpu"
         args.no_compile = True
         args.quick = True
     elif not torch.cuda.is_available():
@@ -301,10 +211,10 @@ def main() -> int:
     if args.lib and not hasattr(torch.ops.opgym, "build_info"):
         torch.ops.load_library(args.lib)
     info = torch.ops.opgym.build_info()
-    if DEVICE == "cuda" and "cuda operators: yes" not in info:
+    if timing.DEVICE == "cuda" and "cuda operators: yes" not in info:
         print(f"gpu_bench: opgym was built without CUDA operators ({info})", file=sys.stderr)
         return 2
-    dev_name = torch.cuda.get_device_properties(0).name if DEVICE == "cuda" else "cpu (dry run)"
+    dev_name = torch.cuda.get_device_properties(0).name if timing.DEVICE == "cuda" else "cpu (dry run)"
     print(f"gpu_bench: {dev_name}, torch {torch.__version__}, {info}", flush=True)
     # One specialized torch.compile per shape (dynamic=False), as a tuned deployment would have.
     for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
@@ -315,16 +225,15 @@ def main() -> int:
 
     print("captured shapes:", flush=True)
     captured = []
-    if os.path.exists(args.cases):
-        for c in json.load(open(args.cases))["test_cases"]:
-            inp = c["input"]
-            xn = next(k for k, v in inp.items() if isinstance(v, dict) and "shape" in v and k not in ("weight", "gamma"))
-            ws = inp.get("weight") or inp["gamma"]
-            eps = inp["eps"]["value"] if isinstance(inp["eps"], dict) else inp["eps"]
-            shape = tuple(inp[xn]["shape"])
-            captured.append(b.measure("x".join(map(str, shape)), shape, DT[inp[xn]["dtype"]], DT[ws["dtype"]], float(eps),
-                                      kind="captured"))
-    else:
+    cases = timing.package_module("bench.cases").load_cases(args)  # `opgym bench`'s reader of a gym case file
+    for _, inp in cases:
+        xn = next(k for k, v in inp.items() if isinstance(v, dict) and "shape" in v and k not in ("weight", "gamma"))
+        ws = inp.get("weight") or inp["gamma"]
+        eps = inp["eps"]["value"] if isinstance(inp["eps"], dict) else inp["eps"]
+        shape = tuple(inp[xn]["shape"])
+        captured.append(b.measure("x".join(map(str, shape)), shape, timing.DT[inp[xn]["dtype"]], timing.DT[ws["dtype"]], float(eps),
+                                  kind="captured"))
+    if not cases:
         b.notes.append(f"no captured cases at {args.cases}")
 
     print("size sweep:", flush=True)
@@ -333,17 +242,17 @@ def main() -> int:
     sweep += [(128, torch.bfloat16, 256), (8192, torch.bfloat16, 256), (4096, torch.float16, 64), (4096, torch.float32, 256),
               (5120, torch.bfloat16, 64)]
     for dim, dt, mib in sweep:
-        scale = 256 if DEVICE == "cpu" else 1  # the dry run only exercises the code
+        scale = 256 if timing.DEVICE == "cpu" else 1  # the dry run only exercises the code
         rows = max(1, mib * MiB // scale // (dim * torch.tensor([], dtype=dt).element_size()))
         b.measure(f"[{rows}, {dim}] {mib} MiB", (rows, dim), dt)
 
     print("decode latency in a CUDA graph:", flush=True)
-    x = torch.randn(1, 1, 2048, device=DEVICE).to(torch.bfloat16)
-    w = torch.randn(2048, device=DEVICE).to(torch.bfloat16)
+    x = torch.randn(1, 1, 2048, device=timing.DEVICE).to(torch.bfloat16)
+    w = torch.randn(2048, device=timing.DEVICE).to(torch.bfloat16)
     o = torch.empty_like(x)
-    decode = {"opgym_graph_us": time_graph(lambda: torch.ops.opgym.rms_norm_out(x, w, 1e-6, "hf", False, out=o), 4096, reps=9),
-              "hf_eager_graph_us": time_graph(lambda: hf_forward(x, w, 1e-6), 4096, reps=9),
-              "opgym_eager_loop_us": time_eager(lambda: torch.ops.opgym.rms_norm_out(x, w, 1e-6, "hf", False, out=o), 4096)}
+    decode = {"opgym_graph_us": timing.time_graph(lambda: torch.ops.opgym.rms_norm_out(x, w, 1e-6, "hf", False, out=o), 4096, reps=9),
+              "hf_eager_graph_us": timing.time_graph(lambda: hf_forward(x, w, 1e-6), 4096, reps=9),
+              "opgym_eager_loop_us": timing.time_eager(lambda: torch.ops.opgym.rms_norm_out(x, w, 1e-6, "hf", False, out=o), 4096)}
     print(f"  {decode}", flush=True)
     chk = checks(b.notes)
     print(f"checks: {chk}", flush=True)

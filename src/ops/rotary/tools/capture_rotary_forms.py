@@ -4,7 +4,7 @@ over a prefill and two decode steps: the op's arguments as each form hands them 
 dims, interleaved and deinterleaving pairs, per-pair tables, fp32 tables). `build/opgym check` runs
 them against the golden.
 
-    .venv/bin/python scripts/capture_rotary_forms.py [OUT]
+    .venv/bin/python src/ops/rotary/tools/capture_rotary_forms.py [OUT]
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def main(out: str) -> int:
         got = cap.cases(t.replace("-", "_"), op="rotary")
         print(f"{t}: {len(cap.recorder('rotary').records)} calls, {len(got)} cases")
         cases += got
-    data = {"op_name": "rotary", "source": "scripts/capture_rotary_forms.py (transformers "
+    data = {"op_name": "rotary", "source": "src/ops/rotary/tools/capture_rotary_forms.py (transformers "
             f"{__import__('transformers').__version__}, tiny seeded bf16 models of opgym.coverage)",
             "description": "one type per HF rotary function form opgym serves: prefill and decode calls",
             "test_cases": cases}

@@ -4,7 +4,7 @@ counts and head dims, 64-patch windows; block 0 windowed, block 1 full attention
 step (opgym run's own count, python/opgym/run/profile.py), without and with opgym.patch. The probes run in a
 warm-up forward first, so that they are not counted.
 
-Usage: PYTHONPATH=python .venv/bin/python scripts/attn_op_counts.py [page side, default 448 -> 1024 patches]"""
+Usage: PYTHONPATH=python .venv/bin/python src/ops/attn_softmax/tools/attn_op_counts.py [page side, default 448 -> 1024 patches]"""
 import collections
 import sys
 
