@@ -7,8 +7,7 @@
 #   opgym_tests         its TESTS             opgym_cuda_tests   its CUDA_TESTS
 #   opgym_bench         its BENCH             fuzz_<x>           one per FUZZ file <x>_fuzz.cpp
 #   opgym/_stable.so    its TORCH_STABLE files (torch's stable ABI: one compile for every torch release)
-#   opgym/_C.so         its TORCH files (and TORCH_CUDA files when torch and the core have CUDA): built
-#                       against one torch; ops move from here to TORCH_STABLE one by one
+#   opgym/_stable_cuda.so its TORCH_CUDA files, when torch and the core have CUDA (the stable ABI too)
 #
 # opgym_add_op(<name>
 #   SOURCES     files...          the front, the golden, ... (compiled into libopgym)
@@ -28,9 +27,8 @@
 #   TORCH_STABLE files...         the torch binding's kernels on the stable ABI (CPU kernels with
 #                                 STABLE_TORCH_LIBRARY_IMPL; schemas, fake kernels and autograd rules
 #                                 in the op's meta.py), paths relative to python/opgym/ops/<name>/
-#   TORCH       files...          a torch binding on one torch's C++ API (CPU, Meta, Autograd kernels;
-#                                 schemas with TORCH_LIBRARY_FRAGMENT), same folder
-#   TORCH_CUDA  files...          its CUDA kernels' binding, same folder
+#   TORCH_CUDA  files...          its CUDA kernels on the stable ABI (STABLE_TORCH_LIBRARY_IMPL(opgym, CUDA);
+#                                 csrc/stable_cuda.hpp), same folder
 #   LIBRARIES   targets...        extra libraries the op builds itself (linked into opgym_cases, so the
 #                                 runner, tests, bench and fuzz targets have them; installed and exported)
 #   CORE_DEFINITIONS defs...      compile definitions for this op's SOURCES and KERNELS only
@@ -49,7 +47,7 @@ set(OPGYM_ISA_FLAGS_avx2 -mavx2 -mfma -mf16c)
 set(OPGYM_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx2 -mfma -mf16c
     -mtune=sapphirerapids -Wno-maybe-uninitialized -Wno-uninitialized)
 
-set(_OPGYM_OP_KINDS SOURCES KERNELS CUDA CASES TESTS CUDA_TESTS BENCH FUZZ TORCH TORCH_STABLE TORCH_CUDA LIBRARIES CORE_LIBRARIES)
+set(_OPGYM_OP_KINDS SOURCES KERNELS CUDA CASES TESTS CUDA_TESTS BENCH FUZZ TORCH_STABLE TORCH_CUDA LIBRARIES CORE_LIBRARIES)
 
 function(_opgym_abs out base)
   set(files)
@@ -83,7 +81,7 @@ function(opgym_add_op name)
 
   set(here "${CMAKE_CURRENT_SOURCE_DIR}")
   set(torch_dir "${PROJECT_SOURCE_DIR}/python/opgym/ops/${name}")
-  foreach(kind SOURCES KERNELS CUDA CASES TESTS CUDA_TESTS BENCH FUZZ TORCH TORCH_STABLE TORCH_CUDA)
+  foreach(kind SOURCES KERNELS CUDA CASES TESTS CUDA_TESTS BENCH FUZZ TORCH_STABLE TORCH_CUDA)
     if(kind MATCHES "^TORCH")
       _opgym_abs(files "${torch_dir}" ${OP_${kind}})
     else()

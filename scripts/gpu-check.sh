@@ -7,8 +7,9 @@
 # Stages (each one runs whatever the previous ones gave; a failed stage is reported, not fatal):
 #   1. build   one build through the project's CMake (-DSKBUILD=ON, as pip's scikit-build-core does):
 #              the core with the CUDA backend (sm_90, OPGYM_CUDA=on), the CUDA gtests and the torch
-#              extension (opgym/_C.so, every op's CPU and CUDA operators, against the machine's own
-#              torch); the extension lands in a staged copy of the package.
+#              extension on the stable ABI (opgym/_stable.so, every op's CPU kernels, and
+#              opgym/_stable_cuda.so, their CUDA kernels; built against the machine's own torch, they
+#              load in any torch from the floor on); both land in a staged copy of the package.
 #   2. gtest   the CUDA gtests (bit-exact with the CPU path, graph capture, 64-bit offsets, errors).
 #   3. pytest  the precision suite with OPGYM_DEVICE=cuda, each test file in its own process (CUDA tests
 #              first); 3b. tests/huge on the GPU.
@@ -29,7 +30,7 @@ cd "$REPO"
 OUTDIR="${OUT:-$REPO/results/gpu-check}"
 mkdir -p "$OUTDIR/logs"
 WORK="$REPO/build-gpu"
-STAGE="$WORK/pkg"          # PYTHONPATH: a copy of python/opgym with the built _C.so
+STAGE="$WORK/pkg"          # PYTHONPATH: a copy of python/opgym with the built _stable.so and _stable_cuda.so
 PY="${PYTHON:-python3}"
 JOBS="$(nproc 2>/dev/null || echo 8)"
 BUDGET=450
@@ -78,18 +79,19 @@ t0=$SECONDS
   cmake -S . -B "$WORK/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPGYM_CUDA=on -DSKBUILD=ON \
     -DPython_EXECUTABLE="$(command -v "$PY")" -DCMAKE_CUDA_ARCHITECTURES=90 ${NVCC:+-DCMAKE_CUDA_COMPILER=$NVCC} \
     -DOPGYM_BUILD_TOOLS=OFF -DOPGYM_BUILD_BENCH=OFF -DOPGYM_BUILD_TESTS=ON &&
-  timeout 300 cmake --build "$WORK/cmake" -j "$JOBS" --target opgym_cuda_tests opgym_torch
+  timeout 300 cmake --build "$WORK/cmake" -j "$JOBS" --target opgym_cuda_tests opgym_torch_stable opgym_torch_stable_cuda
 ) > "$(log cmake)" 2>&1; rc=$?
 if (( rc == 0 )); then
   stage cmake "ok ($((SECONDS - t0)) s)"
 else
   stage cmake "FAIL: see $(log cmake): $(grep -m1 -iE 'error|could not find' "$(log cmake)" | cut -c1-160)"
 fi
-if [ -f "$WORK/cmake/python/_C.so" ]; then
-  rm -rf "$STAGE" && mkdir -p "$STAGE" && cp -r python/opgym "$STAGE/opgym" && cp "$WORK/cmake/python/_C.so" "$STAGE/opgym/_C.so"
-  stage ext "ok: $STAGE/opgym/_C.so (built by the cmake stage)"
+if [ -f "$WORK/cmake/python/_stable.so" ] && [ -f "$WORK/cmake/python/_stable_cuda.so" ]; then
+  rm -rf "$STAGE" && mkdir -p "$STAGE" && cp -r python/opgym "$STAGE/opgym" &&
+    cp "$WORK/cmake/python/_stable.so" "$WORK/cmake/python/_stable_cuda.so" "$STAGE/opgym/"
+  stage ext "ok: $STAGE/opgym/_stable.so and _stable_cuda.so (built by the cmake stage)"
 else
-  stage ext "FAIL: the cmake stage built no python/_C.so"
+  stage ext "FAIL: the cmake stage built no python/_stable.so and python/_stable_cuda.so"
 fi
 
 # ---- 2. CUDA gtests ---------------------------------------------------------------------------------
@@ -102,13 +104,10 @@ else
 fi
 
 export PYTHONPATH="$STAGE${PYTHONPATH:+:$PYTHONPATH}"
-HAVE_EXT=0   # 1: `import opgym` works with CUDA operators; 2: only the library loads (bench only)
-"$PY" -c "import opgym, torch, sys; sys.exit(0 if 'cuda operators: yes' in torch.ops.opgym.build_info() else 1)" \
-  > "$(log import)" 2>&1 && HAVE_EXT=1
-if (( ! HAVE_EXT )) && [ -f "$STAGE/opgym/_C.so" ] && "$PY" -c "import torch, sys; torch.ops.load_library(sys.argv[1]); \
-    sys.exit(0 if 'cuda operators: yes' in torch.ops.opgym.build_info() else 1)" "$STAGE/opgym/_C.so" >> "$(log import)" 2>&1; then
-  HAVE_EXT=2
-fi
+HAVE_EXT=0   # 1: `import opgym` works with its CUDA kernels registered (the schemas are Python: no other way)
+"$PY" -c "import opgym, torch, sys; from opgym import _library; print('cuda_load_error:', _library.cuda_load_error()); \
+sys.exit(0 if 'cuda operators: yes' in torch.ops.opgym.build_info() and \
+torch._C._dispatch_has_kernel_for_dispatch_key('opgym::rms_norm', 'CUDA') else 1)" > "$(log import)" 2>&1 && HAVE_EXT=1
 HAVE_PYTEST=0
 "$PY" -c "import pytest" 2>/dev/null && HAVE_PYTEST=1
 
@@ -158,7 +157,7 @@ TABLE="$OUTDIR/table.txt"
 rm -f "$TABLE"
 if (( HAVE_EXT )); then
   bl=$(( $(left) - 10 )); (( bl < 60 )) && bl=60
-  timeout "$bl" "$PY" src/ops/rms_norm/tools/gpu_bench.py --lib "$STAGE/opgym/_C.so" --json "$OUTDIR/gpu_bench.json" --table "$TABLE" --budget-s $(( bl - 40 )) \
+  timeout "$bl" "$PY" src/ops/rms_norm/tools/gpu_bench.py --json "$OUTDIR/gpu_bench.json" --table "$TABLE" --budget-s $(( bl - 40 )) \
     > "$(log bench)" 2>&1; rc=$?
   if (( rc == 0 )); then stage bench "ok: $OUTDIR/gpu_bench.json"; else stage bench "FAIL (rc $rc): $(tail -1 "$(log bench)" | cut -c1-200)"; fi
 else

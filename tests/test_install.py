@@ -34,7 +34,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 import opgym
 from opgym import _library
 print("AVAILABLE", opgym.available())
-print("LOAD_ERROR", opgym.load_error() or _library._native_error)
+print("LOAD_ERROR", opgym.load_error())
+print("CUDA_ERROR", _library.cuda_load_error())
 cfg = Qwen2Config(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=2, intermediate_size=37)
 torch.manual_seed(0); m = Qwen2ForCausalLM(cfg).eval()
@@ -83,20 +84,19 @@ def test_a_broken_stable_library_leaves_import_and_patch_working(tmp_path):
     assert lines["SAME"] == "True" and lines["FORWARDS"] == "0" and lines["OPERROR"] == "True"
 
 
-def test_without_the_per_torch_library_the_stable_ops_still_serve(tmp_path):
-    """Under a torch release _C.so was not built for (it fails to load), the ops on the stable ABI still
-    serve the model, exact; the others are skipped, each with the reason, and patch warns once."""
-    if not (Path(opgym.__file__).parent / "_C.so").exists():
-        pytest.skip("this build has no per-torch library (a CPU build: every CPU kernel is on the stable ABI)")
-    lines = _run_with(tmp_path, "_C.so")
-    assert lines["AVAILABLE"] == "True" and "_C.so" in lines["LOAD_ERROR"]
-    stable = set(_library._stable_ops())
-    assert "rms_norm" in stable
-    skipped = set(eval(lines["ACTIVE"].split(" ", 2)[2]))  # noqa: S307 - our own printed list
-    assert skipped == {f"<{op}>" for op in opgym.SUPPORTED_OPS if op not in stable}
-    assert lines["ACTIVE"].startswith("True ")  # (a second patch of a patched model finds nothing new)
-    assert lines["WARNINGS"] == "1" and lines["SAME"] == "True" and int(lines["FUSED"]) > 0
-    assert lines["OPERROR"] == "none"  # rms_norm's own function works
+def test_a_broken_cuda_library_leaves_the_cpu_kernels_serving(tmp_path):
+    """A CUDA build's CUDA kernels (_stable_cuda.so) failing to load (a CUDA runtime of another major version,
+    say) costs the CPU kernels nothing: every op still serves the model on the CPU, exact, and
+    cuda_load_error() names the library."""
+    if not (Path(opgym.__file__).parent / "_stable_cuda.so").exists():
+        pytest.skip("this build has no CUDA library (a CPU build)")
+    lines = _run_with(tmp_path, "_stable_cuda.so")
+    assert lines["AVAILABLE"] == "True" and lines["LOAD_ERROR"] == "None"
+    assert "_stable_cuda.so" in lines["CUDA_ERROR"]
+    # no op skipped as a whole (a second patch of a patched model finds nothing new)
+    assert lines["ACTIVE"].startswith("True False ")
+    assert not [s for s in eval(lines["ACTIVE"].split(" ", 2)[2]) if s.startswith("<")]  # noqa: S307 - our own list
+    assert lines["SAME"] == "True" and int(lines["FUSED"]) > 0 and lines["OPERROR"] == "none"
 
 
 def _elf(tool: str, *args: str) -> str:
@@ -105,16 +105,49 @@ def _elf(tool: str, *args: str) -> str:
     return subprocess.run([tool, *args], capture_output=True, text=True, check=True).stdout
 
 
+_RUNTIME = {"libstdc++.so.6", "libm.so.6", "libgcc_s.so.1", "libc.so.6", "ld-linux-x86-64.so.2"}
+
+
+def _needed_and_undefined(lib: str) -> tuple[set, list]:
+    needed = {line.split("[")[1].rstrip("]") for line in _elf("readelf", "-d", lib).splitlines() if "(NEEDED)" in line}
+    return needed, _elf("nm", "-D", "--undefined-only", lib).split()
+
+
+def _assert_stable_abi_only(undefined: list, lib: str) -> None:
+    """No Python C API (one wheel serves every CPython: pyproject's wheel.py-api = "py3") and nothing of torch's
+    C++ API (c10, ATen, libtorch's C++ classes): torch is reached through its C shim (aoti_torch_*, torch_*)."""
+    assert not [s for s in undefined if s.startswith(("Py", "_Py"))], lib
+    demangled = [line.split(" U ", 1)[1] for line in _elf("nm", "-D", "-C", "--undefined-only", lib).splitlines()
+                 if " U " in line]
+    prefixes = ("typeinfo name for ", "typeinfo for ", "vtable for ", "VTT for ")
+    names = [next((d[len(p):] for p in prefixes if d.startswith(p)), d) for d in demangled]
+    unstable = [n for n in names if n.startswith(("c10::", "at::", "torch::", "caffe2::"))]
+    assert not unstable, (lib, unstable[:10])
+
+
 def test_the_stable_library_needs_only_torch_and_the_c_runtime():
     """opgym/_stable.so loads wherever torch does: it needs libtorch_cpu (already loaded by `import torch`) and
     the C/C++ runtime, nothing the system must lend (no libsleef: its exp is the one torch exports), and it calls
     no Python C API, so one wheel serves every CPython (pyproject: wheel.py-api = "py3")."""
     lib = str(Path(opgym.__file__).parent / "_stable.so")
-    needed = {line.split("[")[1].rstrip("]") for line in _elf("readelf", "-d", lib).splitlines() if "(NEEDED)" in line}
-    runtime = {"libstdc++.so.6", "libm.so.6", "libgcc_s.so.1", "libc.so.6", "ld-linux-x86-64.so.2"}
-    assert "libtorch_cpu.so" in needed and needed - runtime - {"libtorch_cpu.so"} == set(), needed
-    undefined = _elf("nm", "-D", "--undefined-only", lib).split()
-    assert not [s for s in undefined if s.startswith(("Py", "_Py"))]
+    needed, undefined = _needed_and_undefined(lib)
+    assert "libtorch_cpu.so" in needed and needed - _RUNTIME - {"libtorch_cpu.so"} == set(), needed
+    _assert_stable_abi_only(undefined, lib)
+
+
+def test_the_cuda_library_needs_only_torch_cuda_and_the_cuda_runtime():
+    """A CUDA build's opgym/_stable_cuda.so is on the stable ABI too: it needs libtorch_cpu, libtorch_cuda (the C
+    shim's CUDA functions: torch's current stream), the shared CUDA runtime (the one a CUDA torch loads) and the
+    C/C++ runtime; no Python C API, no symbol of torch's C++ API; the stream comes from the shim."""
+    lib = Path(opgym.__file__).parent / "_stable_cuda.so"
+    if not lib.exists():
+        pytest.skip("this build has no CUDA library (a CPU build)")
+    needed, undefined = _needed_and_undefined(str(lib))
+    cudart = {n for n in needed if n.startswith("libcudart.so.")}
+    assert {"libtorch_cpu.so", "libtorch_cuda.so"} <= needed and len(cudart) == 1, needed
+    assert needed - _RUNTIME - {"libtorch_cpu.so", "libtorch_cuda.so"} - cudart == set(), needed
+    assert "aoti_torch_get_current_cuda_stream" in undefined
+    _assert_stable_abi_only(undefined, str(lib))
 
 
 def test_the_built_wheel_is_manylinux_and_auditwheel_agrees():

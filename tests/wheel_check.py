@@ -3,9 +3,9 @@
 floor, in `make test-full`): a patched model never raises and keeps HF's logits.
 
 Prints what loaded there and what each op did. opgym/_stable.so (the ops on torch's stable ABI) must load
-and serve under any torch from the floor on: those ops fused, logits identical. opgym/_C.so (the ops not
-ported yet, compiled against one torch's C++ API) loads only under the torch it was built with; elsewhere
-its ops must be skipped with the reason and the model left exact."""
+and serve under any torch from the floor on: those ops fused, logits identical. A CUDA build's
+opgym/_stable_cuda.so (the CUDA kernels, on the stable ABI too) loads under any CUDA torch from the floor on;
+where it does not, the CPU kernels still serve."""
 from __future__ import annotations
 
 import os
@@ -50,11 +50,11 @@ def main() -> int:
     stable = set(_library._stable_ops())
     fused = {op: st["fused"] for op, st in h.stats()["by_op"].items()} if "by_op" in h.stats() else {}
     print(f"torch {torch.__version__}; opgym declares torch{_library.TORCH_SUPPORTED}; stable library loaded: {loaded}; "
-          f"per-torch library: {_library._native_error or ('loaded' if os.path.exists(_library._LIB) else 'none (a CPU build)')}")
+          f"CUDA library: {_library.cuda_load_error() or ('loaded' if os.path.exists(_library._STABLE_CUDA) else 'none (a CPU build)')}")
     print(f"logits identical: {same}; fused calls: {h.stats()['fused']} (+ {pe_fused} patch embedding); "
           f"fallbacks: {h.stats()['fallback']}; patch embedding: {h_pe.notes or h_pe.skipped or 'served'}")
     for op in opgym.SUPPORTED_OPS:
-        print(f"  {op:13s} {'stable ABI' if op in stable else 'per-torch '}  "
+        print(f"  {op:13s} {'stable ABI' if op in stable else 'no meta.py'}  "
               f"{h.skipped.get(f'<{op}>', 'served' if op in h.patched_by_op and h.patched_by_op[op] else 'nothing to serve')[:150]}")
     unserved_stable = [op for op in stable if op in opgym.SUPPORTED_OPS and f"<{op}>" in h.skipped]
     warned = [str(x.message) for x in w if "opgym.patch" in str(x.message)]
@@ -68,8 +68,6 @@ def main() -> int:
         return 0 if ok else 1
     # the patch embedding fuses where this CPU has an exact form (fp32 has one on AVX2 and AVX-512)
     ok = loaded and same and h.stats()["fused"] > 0 and pe_fused > 0 and not unserved_stable
-    if _library._native_error:  # the per-torch ops: skipped with the reason, one warning
-        ok = ok and len([m for m in warned if "not served" in m]) == 1 and all(f"<{op}>" in h.skipped for op in opgym.SUPPORTED_OPS if op not in stable)
     print("wheel check:", "passed" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -1,13 +1,15 @@
 """Loads the compiled operators into torch.ops.opgym; the library-wide functions (availability,
 build_info, the output cache). Each op's Python API is in its folder, opgym/ops/<op>/.
 
-Two plain shared objects (no pybind, no compiler needed to load them):
-  opgym/_stable.so  the kernels of the ops on torch's stable ABI (each such op's schemas, fake kernels
-                    and autograd rules are its meta.py, defined here first): one build loads in every
-                    torch from TORCH_FLOOR on.
-  opgym/_C.so       the kernels not moved to the stable ABI yet (today: the CUDA kernels; a CPU
-                    build has none): built against one torch release (opgym/_C.torch), it loads only
-                    there; elsewhere what it holds is unavailable, and `op_unavailable(name)` says why.
+Plain shared objects on torch's stable ABI (no pybind, no compiler needed to load them), each op's
+schemas, fake kernels and autograd rules being its meta.py, defined here first; one build loads in every
+torch from TORCH_FLOOR on, whichever torch it was built against:
+  opgym/_stable.so       every op's CPU kernels.
+  opgym/_stable_cuda.so  every op's CUDA kernels (a CUDA build only: the core and the torch it was built
+                         against had CUDA); loaded under a torch built with CUDA (torch.version.cuda),
+                         since it needs libtorch_cuda. When it is missing or cannot load, the ops have no
+                         CUDA kernel (opgym.patch leaves CUDA modules to HF), and `cuda_load_error()` says
+                         why.
 Nothing here raises on import: when a library is missing or broken (or torch is below the floor),
 `available()` is False or the op is unavailable, `load_error()` says why (naming the torch found and
 the range supported), the op functions raise that error, and `opgym.patch(model)` warns once and
@@ -22,14 +24,14 @@ import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _STABLE = os.path.join(_HERE, "_stable.so")
-_LIB = os.path.join(_HERE, "_C.so")
+_STABLE_CUDA = os.path.join(_HERE, "_stable_cuda.so")
 # The oldest torch whose stable C API has what _stable.so calls (python/CMakeLists.txt: OPGYM_TORCH_FLOOR).
 TORCH_FLOOR = (2, 11)
 # The releases CI runs the package under (pyproject.toml declares the same): from the floor to the newest
 # release (make test: 2.13.0, 2.14.1; make test-torch-matrix: 2.11.0, 2.12.1, 2.15.0).
 TORCH_SUPPORTED = ">=2.11,<2.16"
 _load_error: str | None = None
-_native_error: str | None = None
+_cuda_error: str | None = None
 
 
 def _torch_found() -> str:
@@ -51,7 +53,7 @@ def _stable_ops() -> list:
 
 
 def _load() -> None:
-    global _load_error, _native_error
+    global _load_error, _cuda_error
     if _safe_has_op():
         return
     if _torch_version() < TORCH_FLOOR:
@@ -74,27 +76,16 @@ def _load() -> None:
     except Exception as e:  # noqa: BLE001 - a broken file, a torch without what we call: never raise on import
         _load_error = f"cannot load {_STABLE} ({_torch_found()}): {type(e).__name__}: {str(e)[:300]}"
         return
-    if not os.path.exists(_LIB):  # a CPU build: every CPU kernel is in _stable.so
+    if not os.path.exists(_STABLE_CUDA):  # a CPU build: no CUDA kernels
         return
-    built_for = _native_torch()
-    if built_for != torch.__version__.split("+")[0]:
-        _native_error = (f"{os.path.basename(_LIB)} (the ops not on torch's stable ABI yet) was built against torch "
-                         f"{built_for or 'unknown'}; torch {torch.__version__} is installed")
+    name = os.path.basename(_STABLE_CUDA)
+    if torch.version.cuda is None:
+        _cuda_error = f"{name} (the CUDA kernels) is not loaded: torch {torch.__version__} is built without CUDA"
         return
     try:
-        torch.ops.load_library(_LIB)
-    except Exception as e:  # noqa: BLE001 - built against another torch release
-        _native_error = (f"cannot load {os.path.basename(_LIB)}, built against one torch release "
-                         f"(torch {torch.__version__} is installed): {type(e).__name__}: {str(e)[:200]}")
-
-
-def _native_torch() -> str | None:
-    """The torch release _C.so was compiled against (opgym/_C.torch, written by the build)."""
-    try:
-        with open(_LIB[:-3] + ".torch") as f:
-            return f.read().strip()
-    except OSError:
-        return None
+        torch.ops.load_library(_STABLE_CUDA)
+    except Exception as e:  # noqa: BLE001 - e.g. a CUDA runtime of another major version: the CPU kernels still serve
+        _cuda_error = f"cannot load {name} (the CUDA kernels; {_torch_found()}): {type(e).__name__}: {str(e)[:300]}"
 
 
 def _safe_has_op() -> bool:
@@ -115,7 +106,7 @@ def op_unavailable(name: str) -> str | None:
         try:
             getattr(torch.ops.opgym, op)
         except (AttributeError, RuntimeError):
-            return _native_error or f"opgym::{op} is not registered with torch"
+            return f"opgym::{op} is not registered with torch"
     return None
 
 
@@ -126,6 +117,12 @@ def available() -> bool:
 
 def load_error() -> str | None:
     return _load_error
+
+
+def cuda_load_error() -> str | None:
+    """Why a CUDA build's CUDA kernels (opgym/_stable_cuda.so) are not loaded; None when they are, or when
+    this build has none."""
+    return _cuda_error
 
 
 def require() -> None:

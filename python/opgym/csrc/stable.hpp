@@ -1,16 +1,20 @@
-// What every op's stable-ABI binding shares (python/opgym/ops/<op>/<op>.cpp, built into opgym/_stable.so
-// against torch's stable C API only: torch/csrc/stable, torch/headeronly; no ATen, no c10 symbols, so
-// one compile loads in every torch from OPGYM_TORCH_FLOOR on). Dtype mapping, argument checks with
-// messages that name the argument, error translation (std::invalid_argument is a ValueError in Python,
-// std::runtime_error a RuntimeError), torch's pool as the core's Executor, TensorView from a Tensor,
-// and pooled outputs. Schemas, fake kernels and autograd rules are Python (python/opgym/ops/<op>/meta.py):
-// the stable C API registers kernels, not those.
+// What every op's stable-ABI binding shares (python/opgym/ops/<op>/<op>.cpp, the CPU kernels built into
+// opgym/_stable.so, and <op>_cuda.cpp, the CUDA kernels built into opgym/_stable_cuda.so with
+// csrc/stable_cuda.hpp), against torch's stable C API only: torch/csrc/stable, torch/headeronly; no ATen,
+// no c10 symbols, so one compile loads in every torch from OPGYM_TORCH_FLOOR on. Dtype mapping, argument
+// checks with messages that name the argument, error translation (std::invalid_argument is a ValueError
+// in Python, std::runtime_error a RuntimeError), TensorView from a Tensor, a torch operator called through
+// the dispatcher; for the CPU kernels torch's pool as the core's Executor and pooled outputs. Schemas,
+// fake kernels and autograd rules are Python (python/opgym/ops/<op>/meta.py): the stable C API registers
+// kernels, not those.
 #pragma once
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -22,6 +26,12 @@
 #include <vector>
 
 #include "opgym/opgym.hpp"
+
+// torch's headers from 2.13 on define it (for a target below 2.13 as TORCH_ERROR_CODE_CHECK); 2.11's and
+// 2.12's lack it: the same definition, so the libraries also build against the floor's own headers.
+#ifndef STABLE_TORCH_ERROR_CODE_CHECK
+#define STABLE_TORCH_ERROR_CODE_CHECK(call) TORCH_ERROR_CODE_CHECK(call)
+#endif
 
 namespace opgym_stable {
 
@@ -150,6 +160,14 @@ inline opgym::TensorView view_of(const Tensor& t) {
   const auto sizes = t.sizes(), strides = t.strides();
   return opgym::TensorView::strided(t.data_ptr(), to_opgym_dtype(t.scalar_type(), "tensor", "view_of"), sizes.data(),
                                     strides.data(), static_cast<int>(t.dim()));
+}
+
+// One call of a torch operator through the dispatcher (its first return).
+template <class... A>
+Tensor call_op(const char* name, const char* overload, A... args) {
+  std::array<StableIValue, std::max<size_t>(sizeof...(A), 1)> stack{torch::stable::detail::from(args)...};
+  STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name, overload, stack.data(), TORCH_ABI_VERSION));
+  return torch::stable::detail::to<Tensor>(stack[0]);
 }
 
 // A contiguous CPU tensor for a functional operator's output, its storage a pooled block

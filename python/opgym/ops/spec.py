@@ -8,7 +8,9 @@ to the op's Python API; its other parts are found by convention, not listed anyw
     bench.py         what `opgym bench --op <name>` times
     fast.py          the op's fast-tier substitution (opgym.patch(model, exact=False)): NAME, TITLE, DEFAULT,
                      apply_fast(model, handle, devices); bits differ from HF's, the error is measured (fast_tier.py)
-    <name>.cpp       the torch operators (C++, built into opgym/_C.so), <name>_cuda.cpp their CUDA kernels
+    meta.py          the torch operators' schemas, fake kernels and autograd rules
+    <name>.cpp       their CPU kernels on torch's stable ABI (C++, built into opgym/_stable.so), <name>_cuda.cpp
+                     their CUDA kernels (opgym/_stable_cuda.so), <name>_stable.hpp the checks both run
 """
 from __future__ import annotations
 

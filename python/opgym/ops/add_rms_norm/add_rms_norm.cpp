@@ -1,6 +1,6 @@
 // opgym::add_rms_norm's CPU kernels on torch's stable ABI (built into opgym/_stable.so; src/ops/add_rms_norm
 // is the core). Schemas, fake kernels and autograd rules: meta.py beside this file. CUDA kernels:
-// add_rms_norm_cuda.cpp (per-torch library, its checks in add_rms_norm.hpp).
+// add_rms_norm_cuda.cpp (opgym/_stable_cuda.so); both run the checks of add_rms_norm_stable.hpp.
 //
 //   opgym::add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, str mode="hf",
 //                       bool weight_offset=False) -> (Tensor out, Tensor sum)
@@ -16,25 +16,12 @@
 
 #include "csrc/stable.hpp"
 #include "opgym/opgym.hpp"
+#include "ops/add_rms_norm/add_rms_norm_stable.hpp"
 #include "ops/rms_norm/rms_norm_stable.hpp"
 
 namespace {
 
 using namespace opgym_stable;  // NOLINT(google-build-using-namespace): the shared helpers
-
-// The residual's checks, then RMSNorm's own under this op's name (meta.py's check runs the same, in
-// this order). Returns the normalized output's dtype.
-ScalarType check_add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
-                              const std::string& mode, const char* op) {
-  check_tensor_arg(x, "x", op);
-  check_tensor_arg(residual, "residual", op);
-  OPGYM_CHECK_VALUE(residual.scalar_type() == x.scalar_type(), "opgym::", op, ": residual must have dtype ",
-                    dtype_name(x.scalar_type()), " (x's: HF adds the residual in the activations' dtype), got ",
-                    dtype_name(residual.scalar_type()));
-  check_same_shape(residual, "residual", x, "x", op);
-  check_device(residual, "residual", x, "x", op);
-  return check_rms_norm(x, weight, eps, mode, op);
-}
 
 std::tuple<Tensor, Tensor> add_rms_norm_cpu(Tensor x, Tensor residual, Tensor weight, double eps, std::string mode,
                                             bool weight_offset) {
@@ -50,10 +37,7 @@ std::tuple<Tensor, Tensor> add_rms_norm_cpu(Tensor x, Tensor residual, Tensor we
 
 void add_rms_norm_inplace_cpu(Tensor x, Tensor residual, Tensor weight, double eps, std::string mode,
                               bool weight_offset) {
-  const ScalarType out_dtype = check_add_rms_norm(x, residual, weight, eps, mode, "add_rms_norm_");
-  OPGYM_CHECK_VALUE(out_dtype == x.scalar_type(), "opgym::add_rms_norm_: in place needs an output dtype equal to x's ",
-                    dtype_name(x.scalar_type()), ", but the weight promotes it to ", dtype_name(out_dtype),
-                    "; use opgym::add_rms_norm");
+  check_add_rms_norm_in_place(x, check_add_rms_norm(x, residual, weight, eps, mode, "add_rms_norm_"));
   translate_errors("add_rms_norm_", [&] {
     opgym::add_rms_norm(view_of(x), view_of(residual), view_of(weight), view_of(x), view_of(residual),
                         rms_norm_options(eps, mode, weight_offset), &executor());

@@ -1,6 +1,6 @@
 // opgym::attn_softmax's CPU kernels on torch's stable ABI (built into opgym/_stable.so; src/ops/attn_softmax is
 // the core). Schemas, fake kernels and autograd rules: meta.py beside this file. CUDA kernels: attn_softmax_cuda.cpp
-// (per-torch library, its checks in attn_softmax.hpp). torch's own matmuls are called through the dispatcher.
+// (opgym/_stable_cuda.so); both run the checks of attn_softmax_stable.hpp. torch's own matmuls are called through the dispatcher.
 //
 //   opgym::attn_softmax(Tensor scores, float scale, Tensor? mask=None) -> Tensor
 //   opgym::attn_softmax_(Tensor(a!) scores, float scale, Tensor? mask=None) -> ()              in place
@@ -44,6 +44,7 @@
 
 #include "csrc/stable.hpp"
 #include "opgym/opgym.hpp"
+#include "ops/attn_softmax/attn_softmax_stable.hpp"
 
 namespace {
 
@@ -51,14 +52,7 @@ using namespace opgym_stable;  // NOLINT(google-build-using-namespace): the shar
 using OptTensor = std::optional<Tensor>;
 using Shape = std::vector<int64_t>;
 
-// One call of a torch operator through the dispatcher (its first return).
-template <class... A>
-Tensor call(const char* name, const char* overload, A... args) {
-  std::array<StableIValue, std::max<size_t>(sizeof...(A), 1)> stack{torch::stable::detail::from(args)...};
-  STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name, overload, stack.data(), TORCH_ABI_VERSION));
-  return torch::stable::detail::to<Tensor>(stack[0]);
-}
-void matmul_out(Tensor out, Tensor a, Tensor b) { call("aten::matmul", "out", a, b, out); }  // torch's matmul into out
+void matmul_out(Tensor out, Tensor a, Tensor b) { call_op("aten::matmul", "out", a, b, out); }  // torch's matmul into out
 Tensor vw(const Tensor& t, const Shape& s) { return torch::stable::view(t, s); }  // a view of t shaped s
 Tensor slice(Tensor t, int64_t dim, int64_t start, int64_t end) {
   return torch::stable::narrow(t, dim, start, end - start);
@@ -79,23 +73,6 @@ opgym::AttnSoftmaxOptions options(double scale) {
   return o;
 }
 
-// Checks that need no data; the core checks overlap before writing.
-void check_attn_softmax(const Tensor& scores, const OptTensor& mask, const char* op) {
-  check_tensor_arg(scores, "scores", op);
-  OPGYM_CHECK_VALUE(scores.dim() >= 1 && scores.dim() <= opgym::kMaxRank, "opgym::", op, ": scores must have rank 1 to ",
-                    opgym::kMaxRank, ", got ", sizes_of(scores));
-  if (!mask.has_value()) return;
-  check_tensor_arg(*mask, "mask", op);
-  check_device(*mask, "mask", scores, "scores", op);
-  OPGYM_CHECK_VALUE(mask->scalar_type() == scores.scalar_type(), "opgym::", op, ": mask must have scores' dtype ",
-                    dtype_name(scores.scalar_type()), " (HF adds it in that dtype; another would promote), got ",
-                    dtype_name(mask->scalar_type()));
-  bool ok = mask->dim() <= scores.dim();
-  const int64_t lead = scores.dim() - mask->dim();
-  for (int64_t d = 0; ok && d < mask->dim(); ++d) ok = mask->size(d) == 1 || mask->size(d) == scores.size(lead + d);
-  OPGYM_CHECK_VALUE(ok, "opgym::", op, ": mask must broadcast to scores ", sizes_of(scores), ", got ", sizes_of(*mask));
-}
-
 void check_segments(const Tensor& scores, const Tensor& cu, const char* op) {
   check_tensor_arg(scores, "scores", op);
   OPGYM_CHECK_VALUE(scores.dim() >= 2 && scores.dim() <= opgym::kMaxRank, "opgym::", op,
@@ -105,24 +82,12 @@ void check_segments(const Tensor& scores, const Tensor& cu, const char* op) {
                     "opgym::", op, ": cu_seqlens must be a 1-D int32 or int64 tensor");
 }
 
-// The mask as the core takes it: scores' rank (leading size-1 dims added), last dim as scores' and contiguous.
-Tensor core_mask(const Tensor& scores, const Tensor& mask) {
-  Shape shape(static_cast<size_t>(scores.dim() - mask.dim()), 1);
-  for (const int64_t s : mask.sizes()) shape.push_back(s);
-  Tensor m = vw(mask, shape);
-  if (m.size(-1) != scores.size(-1) || (m.size(-1) > 1 && m.stride(-1) != 1)) {
-    shape.back() = scores.size(-1);
-    m = torch::stable::contiguous(call("aten::expand", "", m, shape, false));
-  }
-  return m;
-}
-
 void run_attn_softmax(const Tensor& scores, const Tensor& out, double scale, const OptTensor& mask, const char* op) {
   opgym::AttnSoftmaxOptions o = options(scale);
   Tensor m;
   opgym::TensorView mv;
   if (mask.has_value()) {
-    m = core_mask(scores, *mask);
+    m = attn_softmax_core_mask(scores, *mask);
     mv = view_of(m);
     o.mask = &mv;
   }
@@ -147,16 +112,10 @@ void run_segments(const Tensor& scores, const Tensor& out, double scale, const T
   });
 }
 
-// A functional call reads any strided scores (a last dim that is not contiguous is copied first).
-Tensor readable(const Tensor& scores) {
-  return scores.dim() == 0 || scores.size(-1) <= 1 || scores.stride(-1) == 1 ? scores
-                                                                               : torch::stable::contiguous(scores);
-}
-
 Tensor attn_softmax_cpu(Tensor scores, double scale, OptTensor mask) {
   check_attn_softmax(scores, mask, "attn_softmax");
   Tensor out = empty_output(scores.sizes(), scores.scalar_type());  // contiguous, as HF's .to() gives it
-  run_attn_softmax(readable(scores), out, scale, mask, "attn_softmax");
+  run_attn_softmax(attn_softmax_readable(scores), out, scale, mask, "attn_softmax");
   return out;
 }
 
@@ -168,7 +127,7 @@ void attn_softmax__cpu(Tensor scores, double scale, OptTensor mask) {
 Tensor attn_softmax_segments_cpu(Tensor scores, double scale, Tensor cu, bool block_diagonal) {
   check_segments(scores, cu, "attn_softmax_segments");
   Tensor out = empty_output(scores.sizes(), scores.scalar_type());
-  run_segments(readable(scores), out, scale, cu, block_diagonal, "attn_softmax_segments");
+  run_segments(attn_softmax_readable(scores), out, scale, cu, block_diagonal, "attn_softmax_segments");
   return out;
 }
 
@@ -268,7 +227,7 @@ void check_attn_eager(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
 Tensor repeat_kv(const Tensor& x, int64_t n_rep) {
   if (n_rep == 1) return x;
   const int64_t B = x.size(0), KV = x.size(1), T = x.size(2), D = x.size(3);
-  const Tensor e = call("aten::expand", "", torch::stable::unsqueeze(x, 2), Shape{B, KV, n_rep, T, D}, false);
+  const Tensor e = call_op("aten::expand", "", torch::stable::unsqueeze(x, 2), Shape{B, KV, n_rep, T, D}, false);
   return torch::stable::reshape(e, {B, KV * n_rep, T, D});
 }
 

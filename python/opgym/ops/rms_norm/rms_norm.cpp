@@ -1,6 +1,6 @@
 // opgym::rms_norm's CPU kernels on torch's stable ABI (built into opgym/_stable.so; src/ops/rms_norm
 // is the core). The schemas, fake kernels and autograd rules are Python (meta.py beside this file);
-// the CUDA kernels are rms_norm_cuda.cpp (per-torch library, its checks in rms_norm.hpp).
+// the CUDA kernels are rms_norm_cuda.cpp (opgym/_stable_cuda.so); both run the checks of rms_norm_stable.hpp.
 //
 //   opgym::rms_norm(Tensor x, Tensor weight, float eps, str mode="hf", bool weight_offset=False) -> Tensor
 //   opgym::rms_norm_out(Tensor x, Tensor weight, float eps, str norm_mode="hf", bool weight_offset=False, *,
@@ -38,21 +38,13 @@ Tensor rms_norm_cpu(Tensor x, Tensor weight, double eps, std::string mode, bool 
 }
 
 Tensor rms_norm_out_cpu(Tensor x, Tensor weight, double eps, std::string mode, bool weight_offset, Tensor out) {
-  const ScalarType out_dtype = check_rms_norm(x, weight, eps, mode);
-  check_device(out, "out", x, "x", "rms_norm");
-  OPGYM_CHECK_VALUE(out.scalar_type() == out_dtype, "opgym::rms_norm_out: out must have dtype ", dtype_name(out_dtype),
-                    " (torch's promotion of weight ", dtype_name(weight.scalar_type()), " and x ",
-                    dtype_name(x.scalar_type()), "), got ", dtype_name(out.scalar_type()));
-  check_same_shape(out, "out", x, "x", "rms_norm_out");
+  check_rms_norm_out(x, weight, out, check_rms_norm(x, weight, eps, mode));
   run_core(x, weight, out, eps, mode, weight_offset);
   return out;
 }
 
 Tensor rms_norm_inplace_cpu(Tensor x, Tensor weight, double eps, std::string mode, bool weight_offset) {
-  const ScalarType out_dtype = check_rms_norm(x, weight, eps, mode);
-  OPGYM_CHECK_VALUE(out_dtype == x.scalar_type(), "opgym::rms_norm_: in place needs an output dtype equal to x's ",
-                    dtype_name(x.scalar_type()), ", but weight ", dtype_name(weight.scalar_type()), " promotes it to ",
-                    dtype_name(out_dtype), "; use opgym::rms_norm or rms_norm_out");
+  check_rms_norm_in_place(x, weight, check_rms_norm(x, weight, eps, mode));
   run_core(x, weight, x, eps, mode, weight_offset);
   return x;
 }

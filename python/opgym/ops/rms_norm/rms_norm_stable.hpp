@@ -1,6 +1,7 @@
-// RMSNorm's argument checks and options on torch's stable ABI, shared by opgym::rms_norm (rms_norm.cpp)
-// and opgym::add_rms_norm (whose norm is this one: it runs these checks under its own name, as its
-// meta.py runs rms_norm's meta.check). The Python fake kernels (meta.py) give the same messages.
+// RMSNorm's argument checks and options on torch's stable ABI, shared by opgym::rms_norm's CPU kernels
+// (rms_norm.cpp) and CUDA kernels (rms_norm_cuda.cpp), and by opgym::add_rms_norm (whose norm is this one:
+// it runs these checks under its own name, as its meta.py runs rms_norm's meta.check). The Python fake
+// kernels (meta.py) give the same messages.
 #pragma once
 
 #include <cmath>
@@ -27,6 +28,22 @@ inline ScalarType check_rms_norm(const Tensor& x, const Tensor& weight, double e
   OPGYM_CHECK_VALUE(std::isfinite(eps) && eps >= 0, "opgym::", op, ": eps must be a finite number >= 0, got ", eps);
   check_device(weight, "weight", x, "x", op);
   return to_torch_dtype(opgym::rms_norm_out_dtype(xd, wd));
+}
+
+// The out form's checks beyond check_rms_norm: out's device, the promoted dtype, x's shape.
+inline void check_rms_norm_out(const Tensor& x, const Tensor& weight, const Tensor& out, ScalarType out_dtype) {
+  check_device(out, "out", x, "x", "rms_norm");
+  OPGYM_CHECK_VALUE(out.scalar_type() == out_dtype, "opgym::rms_norm_out: out must have dtype ", dtype_name(out_dtype),
+                    " (torch's promotion of weight ", dtype_name(weight.scalar_type()), " and x ",
+                    dtype_name(x.scalar_type()), "), got ", dtype_name(out.scalar_type()));
+  check_same_shape(out, "out", x, "x", "rms_norm_out");
+}
+
+// The in-place form's: the output dtype must be x's own.
+inline void check_rms_norm_in_place(const Tensor& x, const Tensor& weight, ScalarType out_dtype) {
+  OPGYM_CHECK_VALUE(out_dtype == x.scalar_type(), "opgym::rms_norm_: in place needs an output dtype equal to x's ",
+                    dtype_name(x.scalar_type()), ", but weight ", dtype_name(weight.scalar_type()), " promotes it to ",
+                    dtype_name(out_dtype), "; use opgym::rms_norm or rms_norm_out");
 }
 
 inline opgym::RmsNormOptions rms_norm_options(double eps, const std::string& mode, bool weight_offset) {

@@ -1,6 +1,6 @@
 // opgym::rotary's CPU kernels on torch's stable ABI (built into opgym/_stable.so; src/ops/rotary is the
 // core). Schemas, fake kernels and autograd rules: meta.py beside this file. CUDA kernels: rotary_cuda.cpp
-// (per-torch library, its checks in rotary.hpp).
+// (opgym/_stable_cuda.so); both run the checks of rotary_stable.hpp.
 //
 //   opgym::rotary(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, str mode="hf",
 //                 int[]? mrope_section=None, str pairs="half", bool pair_table=False,
@@ -24,67 +24,12 @@
 
 #include "csrc/stable.hpp"
 #include "opgym/opgym.hpp"
+#include "ops/rotary/rotary_stable.hpp"
 
 namespace {
 
 using namespace opgym_stable;  // NOLINT(google-build-using-namespace): the shared helpers
-using Section = std::optional<std::vector<int64_t>>;
-
-std::string section_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
-// Checks that need no data; the core checks the rest (broadcast, overlap) before writing anything.
-void check_rotary(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin, const std::string& mode,
-                  const Section& mrope_section, const std::string& pairs, const char* op) {
-  check_tensor_arg(q, "q", op);
-  check_tensor_arg(k, "k", op);
-  check_tensor_arg(cos, "cos", op);
-  check_tensor_arg(sin, "sin", op);
-  OPGYM_CHECK_VALUE(mode == "hf" || mode == "fp32", "opgym::", op, ": mode must be 'hf' or 'fp32', got '", mode, "'");
-  OPGYM_CHECK_VALUE(pairs == "half" || pairs == "interleaved" || pairs == "deinterleave", "opgym::", op,
-                    ": pairs must be 'half', 'interleaved' or 'deinterleave', got '", pairs, "'");
-  OPGYM_CHECK_VALUE(k.scalar_type() == q.scalar_type(), "opgym::", op, ": k must have q's dtype ",
-                    dtype_name(q.scalar_type()), ", got ", dtype_name(k.scalar_type()));
-  OPGYM_CHECK_VALUE(q.dim() >= 2 && q.dim() <= opgym::kMaxRank && k.dim() == q.dim(), "opgym::", op,
-                    ": q and k must have one rank from 2 to ", opgym::kMaxRank, ", got ", sizes_of(q), " and ",
-                    sizes_of(k));
-  if (mode == "hf")
-    OPGYM_CHECK_VALUE(cos.scalar_type() == q.scalar_type() && sin.scalar_type() == q.scalar_type(), "opgym::", op,
-                      ": mode hf computes in q's dtype: cos and sin must be ", dtype_name(q.scalar_type()), ", got ",
-                      dtype_name(cos.scalar_type()), " and ", dtype_name(sin.scalar_type()));
-  if (mrope_section.has_value())
-    OPGYM_CHECK_VALUE(mrope_section->size() == 3, "opgym::", op, ": mrope_section must hold three lengths, got ",
-                      section_text(*mrope_section));
-  OPGYM_CHECK_VALUE(k.size(-1) == q.size(-1), "opgym::", op, ": k must have q's last dim ", q.size(-1), ", got ",
-                    sizes_of(k));
-  check_device(k, "k", q, "q", op);
-  check_device(cos, "cos", q, "q", op);
-  check_device(sin, "sin", q, "q", op);
-}
-
-opgym::RotaryOptions options(int64_t unsqueeze_dim, const std::string& mode, const Section& mrope_section,
-                             const std::string& pairs, bool pair_table) {
-  opgym::RotaryOptions o;
-  o.mode = opgym::parse_rotary_mode(mode);
-  o.pairs = opgym::parse_rotary_pairs(pairs);
-  o.pair_table = pair_table;
-  OPGYM_CHECK_VALUE(unsqueeze_dim >= -opgym::kMaxRank && unsqueeze_dim < opgym::kMaxRank,
-                    "opgym::rotary: unsqueeze_dim out of range, got ", unsqueeze_dim);
-  o.unsqueeze_dim = static_cast<int>(unsqueeze_dim);
-  if (mrope_section.has_value())
-    for (int i = 0; i < 3; ++i) o.mrope_section[i] = (*mrope_section)[i];
-  return o;
-}
-
-// q's and k's own layout (empty_like: what HF's elementwise ops give), or fresh contiguous tensors
-// (what HF's torch.cat gives: the partial and deinterleaving forms).
-Tensor rotary_output(const Tensor& x, bool contiguous) {
-  return contiguous ? torch::stable::empty(x.sizes(), x.scalar_type(), std::nullopt, x.device())
-                    : torch::stable::empty_like(x);
-}
+using Section = RotarySection;
 
 std::tuple<Tensor, Tensor> rotary_cpu(Tensor q, Tensor k, Tensor cos, Tensor sin, int64_t unsqueeze_dim,
                                       std::string mode, Section mrope_section, std::string pairs, bool pair_table,
@@ -93,7 +38,7 @@ std::tuple<Tensor, Tensor> rotary_cpu(Tensor q, Tensor k, Tensor cos, Tensor sin
   Tensor qo = rotary_output(q, contiguous), ko = rotary_output(k, contiguous);
   translate_errors("rotary", [&] {
     opgym::rotary(view_of(q), view_of(k), view_of(cos), view_of(sin), view_of(qo), view_of(ko),
-                  options(unsqueeze_dim, mode, mrope_section, pairs, pair_table), &executor());
+                  rotary_options(unsqueeze_dim, mode, mrope_section, pairs, pair_table), &executor());
   });
   return {qo, ko};
 }
@@ -103,7 +48,7 @@ void rotary_inplace_cpu(Tensor q, Tensor k, Tensor cos, Tensor sin, int64_t unsq
   check_rotary(q, k, cos, sin, mode, mrope_section, pairs, "rotary_");
   translate_errors("rotary_", [&] {
     opgym::rotary(view_of(q), view_of(k), view_of(cos), view_of(sin), view_of(q), view_of(k),
-                  options(unsqueeze_dim, mode, mrope_section, pairs, pair_table), &executor());
+                  rotary_options(unsqueeze_dim, mode, mrope_section, pairs, pair_table), &executor());
   });
 }
 

@@ -1,7 +1,7 @@
 // opgym::swiglu's CPU kernels on torch's stable ABI (built into opgym/_stable.so; src/ops/swiglu is the
 // core). Schemas, fake kernels, autograd rules and swiglu_mlp (a composite: linear, swiglu_merged,
-// linear) are Python: meta.py beside this file. CUDA kernels: swiglu_cuda.cpp (per-torch library, its
-// checks in swiglu.hpp).
+// linear) are Python: meta.py beside this file. CUDA kernels: swiglu_cuda.cpp (opgym/_stable_cuda.so; both
+// run the checks of swiglu_stable.hpp).
 //
 //   opgym::swiglu(Tensor gate, Tensor up, str activation="silu") -> Tensor
 //       act(gate) * up (on these very views); activation "silu" or "gelu_tanh" (GeGLU)
@@ -16,39 +16,11 @@
 
 #include "csrc/stable.hpp"
 #include "opgym/opgym.hpp"
+#include "ops/swiglu/swiglu_stable.hpp"
 
 namespace {
 
 using namespace opgym_stable;  // NOLINT(google-build-using-namespace): the shared helpers
-
-void check_swiglu(const Tensor& gate, const Tensor& up, const char* op) {
-  check_tensor_arg(gate, "gate", op);
-  check_tensor_arg(up, "up", op);
-  OPGYM_CHECK_VALUE(gate.dim() >= 1 && gate.dim() <= opgym::kMaxRank, "opgym::", op, ": gate must have rank 1 to ",
-                    opgym::kMaxRank, ", got ", sizes_of(gate));
-  OPGYM_CHECK_VALUE(up.scalar_type() == gate.scalar_type(), "opgym::", op, ": up must have gate's dtype ",
-                    dtype_name(gate.scalar_type()), ", got ", dtype_name(up.scalar_type()));
-  const auto a = up.sizes(), b = gate.sizes();
-  bool same = a.size() == b.size();
-  for (size_t i = 0; same && i < a.size(); ++i) same = a[i] == b[i];
-  OPGYM_CHECK_VALUE(same, "opgym::", op, ": up must have gate's shape ", sizes_of(gate), ", got ", sizes_of(up));
-  check_device(up, "up", gate, "gate", op);
-}
-
-void check_swiglu_merged(const Tensor& gate_up, const char* op) {
-  check_tensor_arg(gate_up, "gate_up", op);
-  OPGYM_CHECK_VALUE(gate_up.dim() >= 1 && gate_up.dim() <= opgym::kMaxRank, "opgym::", op,
-                    ": gate_up must have rank 1 to ", opgym::kMaxRank, ", got ", sizes_of(gate_up));
-  OPGYM_CHECK_VALUE(gate_up.size(-1) % 2 == 0, "opgym::", op,
-                    ": gate_up's last dim holds gate then up and must be even (2 * I), got ", sizes_of(gate_up));
-}
-
-// The schemas' `str activation`: "silu" (SwiGLU) or "gelu_tanh" (GeGLU: torch's gelu(approximate="tanh")).
-opgym::GluActivation glu_activation(const std::string& s, const char* op) {
-  if (s == "silu") return opgym::GluActivation::silu;
-  if (s == "gelu_tanh") return opgym::GluActivation::gelu_tanh;
-  value_error("opgym::", op, ": activation must be \"silu\" or \"gelu_tanh\", got \"", s, "\"");
-}
 
 // layout: how the activation this stands for saw gate (fp32 tails): swiglu(gate, up) works on the views
 // it is given (a half of a [T, 2I] product: per-row tails, as HF's `.chunk(2, -1)`); swiglu_merged stands
@@ -76,9 +48,7 @@ Tensor swiglu_cpu(Tensor gate, Tensor up, std::string activation) {
 Tensor swiglu_merged_cpu(Tensor gate_up, std::string activation) {
   check_swiglu_merged(gate_up, "swiglu_merged");
   const opgym::GluActivation act = glu_activation(activation, "swiglu_merged");
-  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
-  shape.back() /= 2;
-  Tensor out = empty_output(shape, gate_up.scalar_type());
+  Tensor out = empty_output(swiglu_merged_shape(gate_up), gate_up.scalar_type());
   translate_errors("swiglu_merged", [&] {
     opgym::swiglu_merged(view_of(gate_up), view_of(out), options(opgym::GateLayout::contiguous, act), &executor());
   });

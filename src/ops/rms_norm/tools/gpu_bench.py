@@ -192,7 +192,6 @@ def main() -> int:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--quick", action="store_true", help="a smaller sweep")
     ap.add_argument("--cpu-check-max", type=int, default=1 << 23, help="compare with the CPU operator up to this many elements")
-    ap.add_argument("--lib", default=None, help="opgym's _C.so, loaded directly when `import opgym` fails")
     ap.add_argument("--dry-run-cpu", action="store_true", help="exercise the script on the CPU operators (no GPU)")
     args = ap.parse_args()
     if args.dry_run_cpu:
@@ -202,14 +201,7 @@ def main() -> int:
     elif not torch.cuda.is_available():
         print("gpu_bench: no CUDA device visible to torch", file=sys.stderr)
         return 2
-    try:
-        import opgym  # noqa: F401  (registers torch.ops.opgym)
-    except Exception as e:  # e.g. a dependency of the package missing on this machine
-        if not args.lib:
-            raise
-        print(f"gpu_bench: import opgym failed ({type(e).__name__}: {e}); loading {args.lib} directly", flush=True)
-    if args.lib and not hasattr(torch.ops.opgym, "build_info"):
-        torch.ops.load_library(args.lib)
+    import opgym  # noqa: F401  (defines the schemas, Python, and loads the libraries: they cannot load alone)
     info = torch.ops.opgym.build_info()
     if timing.DEVICE == "cuda" and "cuda operators: yes" not in info:
         print(f"gpu_bench: opgym was built without CUDA operators ({info})", file=sys.stderr)
