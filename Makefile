@@ -150,7 +150,7 @@ coverage-full: install-python
 # venv built (same torch build, so the same ABI), instead of compiling it a second time.
 # Runs the sources (PYTHONPATH=python) with the libraries the project venv has installed.
 COPY_EXT = d=$$($(PY) -c 'import opgym, os; print(os.path.dirname(opgym.__file__))'); \
-           for f in _stable.so _C.so _C.torch; do rm -f python/opgym/$$f; [ ! -e $$d/$$f ] || cp $$d/$$f python/opgym/$$f; done
+           for f in _stable.so _stable_cuda.so; do rm -f python/opgym/$$f; [ ! -e $$d/$$f ] || cp $$d/$$f python/opgym/$$f; done
 VENV_OLD := .venv-tf-old
 $(VENV_OLD)/.requirements: requirements-tf-old.txt
 	test -x $(VENV_OLD)/bin/python || python3 -m venv $(VENV_OLD)
