@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import sys
 import threading
 import weakref
 
@@ -49,6 +50,7 @@ class GraphHandle:
 
     def __init__(self, model: torch.nn.Module | None = None):
         self._model = weakref.ref(model) if model is not None else None
+        self._towers: list = []  # weakrefs to the nested models compiled with it (compile's `towers`)
         self.graphs = 0
         self.replaced: dict = collections.Counter()
         self.skipped: dict = collections.defaultdict(collections.Counter)
@@ -62,9 +64,10 @@ class GraphHandle:
             s.reset()
 
     def undo(self) -> None:
-        m = self._model() if self._model is not None else None
-        if m is not None:
-            m._compiled_call_impl = None
+        for ref in [self._model, *self._towers] if self._model is not None else self._towers:
+            m = ref()
+            if m is not None:
+                m._compiled_call_impl = None
 
     def __repr__(self) -> str:
         return f"GraphHandle(graphs={self.graphs}, replaced={dict(self.replaced)}, skipped={ {k: dict(v) for k, v in self.skipped.items()} })"
@@ -156,12 +159,29 @@ def backend(gm: fx.GraphModule, example_inputs, handle: GraphHandle | None = Non
 RECOMPILE_LIMIT = 64
 
 
+def towers(model: torch.nn.Module) -> list:
+    """The models nested in `model` (transformers' PreTrainedModel instances below it: a vision tower, a language
+    model, a base model), which HF calls on their own, outside the model's forward: generate pre-encodes an
+    image with `base_model.get_image_features(...)`, which calls the vision tower module directly (measured:
+    transformers 5.23 and 5.24, tiny Qwen2.5-VL: with only the model compiled, no vision op of a generate ran
+    served). None when transformers is not loaded (then the model is no HF model)."""
+    tf = sys.modules.get("transformers")
+    base = getattr(tf, "PreTrainedModel", None) if tf is not None else None
+    if base is None:
+        return []
+    return [m for m in model.modules() if m is not model and isinstance(m, base)]
+
+
 def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECOMPILE_LIMIT) -> GraphHandle:  # noqa: A001
     """Compiles `model` in place through the exact graph path (module docstring); returns its GraphHandle.
     Graphs are captured at the first call of each new input signature; shapes that change between calls (the
     cache length in decoding) become symbolic after one recompile (Dynamo's automatic dynamic shapes: leave
     `dynamic` None - dynamic=True also makes float attributes such as eps and the attention scale graph inputs,
-    which no pattern matches). `recompile_limit`: compiled entries per code object in this region (above)."""
+    which no pattern matches). `recompile_limit`: compiled entries per code object in this region (above).
+
+    The models nested in it (`towers`) are compiled alike, into the same handle, so that HF's direct calls to
+    them (generate's image pre-encoding) run served too; called from inside the model's own compiled call they
+    are traced as part of it (measured: the same graphs and regions as with the model alone)."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"opgym.compile: expected a torch.nn.Module, got {type(model).__name__}")
     handle = GraphHandle(model)
@@ -169,7 +189,10 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
     def _backend(gm, example_inputs):
         return backend(gm, example_inputs, handle)
 
-    model.compile(backend=_backend, dynamic=dynamic, recompile_limit=recompile_limit, isolate_recompiles=True)
+    for m in [model, *towers(model)]:
+        m.compile(backend=_backend, dynamic=dynamic, recompile_limit=recompile_limit, isolate_recompiles=True)
+        if m is not model:
+            handle._towers.append(weakref.ref(m))
     return handle
 
 
