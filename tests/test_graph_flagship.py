@@ -211,3 +211,30 @@ def test_flagship_every_op_served_logits_and_tokens_hf(dtype):
     assert st["ops"]["rms_norm"]["fused"] == 3 + 1 * 4 and st["ops"]["add_rms_norm"]["fused"] == 2 + 4 * 4, st
     assert st["ops"]["swiglu"]["fused"] == 2 + 2 * 4 and st["ops"]["attn_softmax"]["fused"] == 2 + 2 * 4, st
     assert st["fallback"] == 0, st
+
+
+def test_nested_models_are_compiled_served_when_called_directly_and_undone():
+    """opgym.compile compiles the models nested in the model (graph.backend.towers: Qwen2's base model here; the
+    vision tower in Qwen2.5-VL, which generate calls directly to encode the image): a direct call of one runs
+    served; undo() gives every module its own call back (HF's bits, nothing counted), redo() the compiled ones
+    (no new graph)."""
+    from test_graph import _qwen2
+
+    m, ref = _qwen2(torch.bfloat16), _qwen2(torch.bfloat16)
+    h = graph.compile(m)
+    assert [t() for t in h._towers] == [m.model] and m.model._compiled_call_impl is not None
+    ids = torch.randint(3, 99, (1, 7), generator=torch.Generator().manual_seed(12))
+    with torch.no_grad():
+        want = ref.model(ids).last_hidden_state
+        assert torch.equal(m.model(ids).last_hidden_state, want)  # the base model called on its own: served
+        st = h.stats()
+        assert st["ops"]["rms_norm"]["fused"] == 1 and st["ops"]["add_rms_norm"]["fused"] == 4, st
+        assert torch.equal(m(ids).logits, ref(ids).logits)
+        n = h.graphs
+        h.undo()
+        assert m._compiled_call_impl is None and m.model._compiled_call_impl is None
+        h.reset_stats()
+        assert torch.equal(m.model(ids).last_hidden_state, want) and h.stats()["fused"] == 0
+        h.redo()
+        assert torch.equal(m.model(ids).last_hidden_state, want) and torch.equal(m(ids).logits, ref(ids).logits)
+        assert h.stats()["ops"]["add_rms_norm"]["fused"] == 8 and h.graphs == n, h

@@ -46,11 +46,12 @@ class GuardedRegion:
 class GraphHandle:
     """What `opgym.compile` returns: per op, the regions replaced and the candidates left as captured (with
     why), over every graph Dynamo handed the backend; the calls counted as in opgym.patch (`stats()`); the
-    number of graphs (`graphs`: a recompilation adds one); `undo()`."""
+    number of graphs (`graphs`: a recompilation adds one); `undo()` and `redo()`."""
 
     def __init__(self, model: torch.nn.Module | None = None):
         self._model = weakref.ref(model) if model is not None else None
         self._towers: list = []  # weakrefs to the nested models compiled with it (compile's `towers`)
+        self._undone: dict = {}  # id(module) -> its compiled call, kept by undo() for redo()
         self.graphs = 0
         self.replaced: dict = collections.Counter()
         self.skipped: dict = collections.defaultdict(collections.Counter)
@@ -63,11 +64,21 @@ class GraphHandle:
         for s in self._stats.values():
             s.reset()
 
+    def _modules(self) -> list:
+        return [m for ref in ([self._model] if self._model is not None else []) + self._towers
+                if (m := ref()) is not None]
+
     def undo(self) -> None:
-        for ref in [self._model, *self._towers] if self._model is not None else self._towers:
-            m = ref()
-            if m is not None:
-                m._compiled_call_impl = None
+        """The model and its towers run their own calls again; `redo()` puts the compiled calls back (Dynamo's
+        graphs kept: no recompilation)."""
+        for m in self._modules():
+            if m._compiled_call_impl is not None:
+                self._undone[id(m)] = m._compiled_call_impl
+            m._compiled_call_impl = None
+
+    def redo(self) -> None:
+        for m in self._modules():
+            m._compiled_call_impl = self._undone.get(id(m), m._compiled_call_impl)
 
     def __repr__(self) -> str:
         return f"GraphHandle(graphs={self.graphs}, replaced={dict(self.replaced)}, skipped={ {k: dict(v) for k, v in self.skipped.items()} })"
