@@ -217,7 +217,7 @@ def test_nested_models_are_compiled_served_when_called_directly_and_undone():
     """opgym.compile compiles the models nested in the model (graph.backend.towers: Qwen2's base model here; the
     vision tower in Qwen2.5-VL, which generate calls directly to encode the image): a direct call of one runs
     served; undo() gives every module its own call back (HF's bits, nothing counted), redo() the compiled ones
-    (no new graph)."""
+    (no new graph), and so does the model's compiled call restored alone."""
     from test_graph import _qwen2
 
     m, ref = _qwen2(torch.bfloat16), _qwen2(torch.bfloat16)
@@ -238,3 +238,10 @@ def test_nested_models_are_compiled_served_when_called_directly_and_undone():
         h.redo()
         assert torch.equal(m.model(ids).last_hidden_state, want) and torch.equal(m(ids).logits, ref(ids).logits)
         assert h.stats()["ops"]["add_rms_norm"]["fused"] == 8 and h.graphs == n, h
+        # a caller that restores only the model's own compiled call (opgym run's graph side): its first call
+        # puts the towers' back, so the base model is not compiled again in the model's region
+        impl = m._compiled_call_impl
+        h.undo()
+        m._compiled_call_impl = impl
+        assert torch.equal(m(ids).logits, ref(ids).logits) and m.model._compiled_call_impl is not None
+        assert torch.equal(m.model(ids).last_hidden_state, want) and h.graphs == n, h
