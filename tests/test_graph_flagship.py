@@ -245,3 +245,27 @@ def test_nested_models_are_compiled_served_when_called_directly_and_undone():
         m._compiled_call_impl = impl
         assert torch.equal(m(ids).logits, ref(ids).logits) and m.model._compiled_call_impl is not None
         assert torch.equal(m.model(ids).last_hidden_state, want) and h.graphs == n, h
+
+
+class _TableOfLowerRank(nn.Module):
+    """HF's text form (apply_rotary_pos_emb) with Pixtral's call: tables [S, D] unsqueezed at 0, read against q
+    and k of [B, H, S, D] by broadcasting. opgym::rotary takes tables of q's rank minus one: no candidate (it was
+    admitted, and every call raised and fell back)."""
+
+    def forward(self, q, k, cos, sin):
+        from transformers.models.pixtral.modeling_pixtral import apply_rotary_pos_emb
+
+        return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
+
+
+def test_text_rotary_table_of_lower_rank_is_not_matched():
+    g = torch.Generator().manual_seed(13)
+    q, k = (torch.randn(1, h, 9, 32, generator=g).to(torch.bfloat16) for h in (4, 2))
+    cos, sin = (t.to(torch.bfloat16) for t in _tables(9, 32))
+    m = _TableOfLowerRank()
+    with torch.no_grad():
+        want = m(q, k, cos, sin)
+        h = graph.compile(m)
+        got = m(q, k, cos, sin)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert h.replaced["rotary"] == 0 and h.stats()["ops"]["rotary"]["fallback"] == 0, h

@@ -147,10 +147,10 @@ def _upcast(r: dict):
 
 
 def _stride_order(v) -> tuple:
-    """The dims of v from the largest stride to the smallest (its layout, as the probe rebuilds it)."""
-    try:
-        st = [int(x) for x in v.stride()]
-    except (TypeError, ValueError):
+    """The dims of v from the largest stride to the smallest (its layout, as the probe rebuilds it); row-major
+    when a stride is symbolic (no int() on it: that would specialize the captured shape)."""
+    st = v.stride()
+    if not all(isinstance(x, int) for x in st):
         return tuple(range(v.dim()))
     return tuple(sorted(range(v.dim()), key=lambda d: -st[d]))
 
@@ -196,7 +196,10 @@ def find(graph: fx.Graph) -> list[dict]:
         tv, cv = val(a["t"]), val(a["C"])
         if ca is None or sa is None or ca[1] != sa[1] or not isinstance(tv, torch.Tensor) or not isinstance(cv, torch.Tensor):
             continue
-        if tv.dtype != cv.dtype or tv.dim() != 4:
+        # the unsqueezed table of q's rank: opgym::rotary takes tables of q's rank minus one; one that broadcasts
+        # over a missing leading dim (Pixtral's [S, D] unsqueezed at 0 against [B, H, S, D]) is no operand of it
+        # (admitted, every call raised and fell back)
+        if tv.dtype != cv.dtype or tv.dim() != 4 or cv.dim() != 4:
             continue
         partner = None
         for j in range(i + 1, len(singles)):
