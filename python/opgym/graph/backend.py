@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import sys
 import threading
 import weakref
 
@@ -45,10 +46,12 @@ class GuardedRegion:
 class GraphHandle:
     """What `opgym.compile` returns: per op, the regions replaced and the candidates left as captured (with
     why), over every graph Dynamo handed the backend; the calls counted as in opgym.patch (`stats()`); the
-    number of graphs (`graphs`: a recompilation adds one); `undo()`."""
+    number of graphs (`graphs`: a recompilation adds one); `undo()` and `redo()`."""
 
     def __init__(self, model: torch.nn.Module | None = None):
         self._model = weakref.ref(model) if model is not None else None
+        self._towers: list = []  # weakrefs to the nested models compiled with it (compile's `towers`)
+        self._compiled: dict = {}  # id(module) -> the compiled call opgym.compile installed on it
         self.graphs = 0
         self.replaced: dict = collections.Counter()
         self.skipped: dict = collections.defaultdict(collections.Counter)
@@ -61,10 +64,24 @@ class GraphHandle:
         for s in self._stats.values():
             s.reset()
 
+    def _modules(self, towers_only: bool = False) -> list:
+        refs = ([] if towers_only or self._model is None else [self._model]) + self._towers
+        return [m for ref in refs if (m := ref()) is not None]
+
     def undo(self) -> None:
-        m = self._model() if self._model is not None else None
-        if m is not None:
+        """The model and its towers run their own calls again; `redo()` puts the compiled calls back (Dynamo's
+        graphs kept: no recompilation)."""
+        for m in self._modules():
             m._compiled_call_impl = None
+
+    def redo(self) -> None:
+        for m in self._modules():
+            m._compiled_call_impl = self._compiled.get(id(m), m._compiled_call_impl)
+
+    def _redo_towers(self) -> None:
+        for m in self._modules(towers_only=True):
+            if m._compiled_call_impl is None:
+                m._compiled_call_impl = self._compiled.get(id(m))
 
     def __repr__(self) -> str:
         return f"GraphHandle(graphs={self.graphs}, replaced={dict(self.replaced)}, skipped={ {k: dict(v) for k, v in self.skipped.items()} })"
@@ -156,12 +173,33 @@ def backend(gm: fx.GraphModule, example_inputs, handle: GraphHandle | None = Non
 RECOMPILE_LIMIT = 64
 
 
+def towers(model: torch.nn.Module) -> list:
+    """The models nested in `model` (transformers' PreTrainedModel instances below it: a vision tower, a language
+    model, a base model), which HF calls on their own, outside the model's forward: generate pre-encodes an
+    image with `base_model.get_image_features(...)`, which calls the vision tower module directly (measured:
+    transformers 5.23 and 5.24, tiny Qwen2.5-VL: with only the model compiled, no vision op of a generate ran
+    served). None when transformers is not loaded (then the model is no HF model)."""
+    tf = sys.modules.get("transformers")
+    base = getattr(tf, "PreTrainedModel", None) if tf is not None else None
+    if base is None:
+        return []
+    return [m for m in model.modules() if m is not model and isinstance(m, base)]
+
+
 def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECOMPILE_LIMIT) -> GraphHandle:  # noqa: A001
     """Compiles `model` in place through the exact graph path (module docstring); returns its GraphHandle.
     Graphs are captured at the first call of each new input signature; shapes that change between calls (the
     cache length in decoding) become symbolic after one recompile (Dynamo's automatic dynamic shapes: leave
     `dynamic` None - dynamic=True also makes float attributes such as eps and the attention scale graph inputs,
-    which no pattern matches). `recompile_limit`: compiled entries per code object in this region (above)."""
+    which no pattern matches). `recompile_limit`: compiled entries per code object in this region (above).
+
+    The models nested in it (`towers`) are compiled alike, into the same handle, so that HF's direct calls to
+    them (generate's image pre-encoding) run served too; from inside the model's own call a tower's frames are
+    compiled in the tower's region (measured, tiny Qwen2.5-VL: the same 22 graphs and regions on a forward as
+    with the model alone, and generate's pre-encoding reuses the vision graphs). The model's compiled call puts
+    the towers' back before it runs, so a caller that undoes and then restores only the model's own
+    `_compiled_call_impl` (opgym run's graph side) keeps its towers' graphs (a tower called then from the
+    model's region would compile them again)."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"opgym.compile: expected a torch.nn.Module, got {type(model).__name__}")
     handle = GraphHandle(model)
@@ -169,7 +207,19 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
     def _backend(gm, example_inputs):
         return backend(gm, example_inputs, handle)
 
-    model.compile(backend=_backend, dynamic=dynamic, recompile_limit=recompile_limit, isolate_recompiles=True)
+    for m in [*towers(model), model]:
+        m.compile(backend=_backend, dynamic=dynamic, recompile_limit=recompile_limit, isolate_recompiles=True)
+        if m is not model:
+            handle._towers.append(weakref.ref(m))
+            handle._compiled[id(m)] = m._compiled_call_impl
+    if handle._towers:
+        compiled = model._compiled_call_impl
+
+        def call(*args, **kwargs):  # the towers back first (after an undo and a restore of this call alone)
+            handle._redo_towers()
+            return compiled(*args, **kwargs)
+        model._compiled_call_impl = call
+    handle._compiled[id(model)] = model._compiled_call_impl
     return handle
 
 
