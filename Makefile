@@ -218,7 +218,7 @@ test-torch-matrix: wheel $(foreach v,$(TORCH_MATRIX),.venv-torch-$(v)/.requireme
 # `pip install .` as a user runs it: pip's default build isolation (the build gets a torch of its own, here
 # the newest the machine's pip takes: a CUDA build, on this GPU-less machine its CUDA operators are left out
 # with a warning), into a fresh venv holding the pinned CPU torch; then the wheel check there. 13 min 20 s
-# on the 2-core EPYC (2026-12-02, machine shared): `make test-full` only.
+# on the 2-core Xeon (AVX-512; 2026-12-02, machine shared): `make test-full` only.
 test-install-isolated:
 	rm -rf .venv-iso && python3 -m venv .venv-iso
 	.venv-iso/bin/python -m pip install -q --disable-pip-version-check $$(grep -E '^torch==' requirements.txt)

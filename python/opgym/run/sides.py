@@ -136,7 +136,6 @@ class Sides:
         the same compiled call back, so that switching keeps Dynamo's compiled graphs (no recompilation per
         switch); off() runs the model's own call again (handle.undo()). side.handle is the GraphHandle; its
         call counters are summed into side.counts at each off(), as the patched sides' are."""
-        state = {"impl": None}
         counts = {"fused": 0, "fallback": 0, "reasons": {}, "ops": {}, "fast": {}}
 
         def on():
@@ -147,9 +146,8 @@ class Sides:
                 t0 = time.perf_counter()
                 side.handle = self.opgym.compile(self.model)
                 side.setup_ms = (time.perf_counter() - t0) * 1e3
-                state["impl"] = self.model._compiled_call_impl
             else:
-                self.model._compiled_call_impl = state["impl"]
+                side.handle.redo()  # the model's and its towers' compiled calls (generate calls the vision tower first)
             side.handle.reset_stats()
 
         def off():
