@@ -122,7 +122,7 @@ test:
 # `make test-full`: the rest too - the long Python tests, huge tensors, timed fuzzing (60 s a target), the
 # CUDA build, transformers' tests for every family, the wheel under another torch, the whole model zoo.
 FULL_STAGES := deps venv wheel test-cpp test-san test-fuzz-long test-python test-python-full test-huge test-vllm test-hf-full build-cuda \
-               test-wheel-torch test-torch-matrix test-install-isolated coverage-full
+               test-wheel-torch test-torch-matrix test-install-isolated test-graph-next coverage-full
 test-full:
 	scripts/stages.sh $(FULL_STAGES)
 
