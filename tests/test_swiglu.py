@@ -234,6 +234,7 @@ def test_long_prefill_in_row_chunks_bit_identical_with_less_memory(kind):
 
 
 def test_switch_fault_and_gradient_fall_back(monkeypatch, qwen25vl):
+    monkeypatch.setenv("OPGYM_SWIGLU_MODE", "merged")  # every MLP calls swiglu_merged, whatever the race would pick
     model, inputs = qwen25vl
     with torch.no_grad():
         ref = model(**inputs).logits

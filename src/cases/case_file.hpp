@@ -46,6 +46,15 @@ struct CaseFile {
 };
 
 CaseFile load_case_file(const std::string& path);
+
+// Whether v is a JSON integer (a huge literal parses as a float, which nlohmann would cast to an integer
+// type with undefined behaviour) or an array of them: what an op's cases.cpp checks before get<int...>().
+inline bool is_integer_list(const Json& v) {
+  if (!v.is_array()) return false;
+  for (const auto& e : v)
+    if (!e.is_number_integer()) return false;
+  return true;
+}
 // `path` names the source in errors; op_name falls back to the file name without "_test_cases.json".
 CaseFile parse_case_file(const Json& j, const std::string& path);
 

@@ -33,7 +33,10 @@ cases::CaseResult run_attn_softmax_case(const cases::Case& c, const cases::CaseF
   bool diag = false;
   try {
     o.scale = static_cast<float>(c.number_param("scale", file.path));
-    if (c.params.contains("cu_seqlens")) cu = c.params.at("cu_seqlens").get<std::vector<int64_t>>();
+    if (c.params.contains("cu_seqlens")) {
+      if (!is_integer_list(c.params.at("cu_seqlens"))) case_error(file, c, "cu_seqlens must be a list of integers");
+      cu = c.params.at("cu_seqlens").get<std::vector<int64_t>>();
+    }
     if (c.params.contains("block_diagonal")) diag = c.params.at("block_diagonal").get<bool>();
     if (c.params.contains("torch_isa")) o.torch_isa = parse_isa(c.params.at("torch_isa").get<std::string>());
   } catch (const Json::exception& e) {

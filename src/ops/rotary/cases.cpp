@@ -29,8 +29,13 @@ cases::CaseResult run_rotary_case(const cases::Case& c, const cases::CaseFile& f
   RotaryOptions o;
   try {
     if (c.params.contains("mode")) o.mode = parse_rotary_mode(c.params.at("mode").get<std::string>());
-    if (c.params.contains("unsqueeze_dim")) o.unsqueeze_dim = c.params.at("unsqueeze_dim").get<int>();
+    if (c.params.contains("unsqueeze_dim")) {
+      if (!c.params.at("unsqueeze_dim").is_number_integer()) case_error(file, c, "unsqueeze_dim must be an integer");
+      o.unsqueeze_dim = c.params.at("unsqueeze_dim").get<int>();
+    }
     if (c.params.contains("mrope_section")) {
+      if (!is_integer_list(c.params.at("mrope_section")))
+        case_error(file, c, "mrope_section must be a list of three integers");
       const auto sec = c.params.at("mrope_section").get<std::vector<int64_t>>();
       if (sec.size() != 3) case_error(file, c, "mrope_section must hold three lengths");
       for (int i = 0; i < 3; ++i) o.mrope_section[i] = sec[i];
@@ -52,6 +57,9 @@ cases::CaseResult run_rotary_case(const cases::Case& c, const cases::CaseFile& f
     else if (t.name.rfind("k", 0) == 0) k_decl = t.shape, k_dt = t.dtype, declared = true;
   }
   try {
+    for (const char* key : {"q_shape", "k_shape"})
+      if (c.output_params.contains(key) && !is_integer_list(c.output_params.at(key)))
+        case_error(file, c, std::string(key) + " must be a list of integers");
     if (c.output_params.contains("q_shape")) q_decl = c.output_params.at("q_shape").get<std::vector<int64_t>>(), declared = true;
     if (c.output_params.contains("k_shape")) k_decl = c.output_params.at("k_shape").get<std::vector<int64_t>>(), declared = true;
     if (c.output_params.contains("dtype"))

@@ -49,7 +49,10 @@ cases::Buffer transposed(const cases::Buffer& b) {
 SwigluOptions options_of(const cases::Case& c, const cases::CaseFile& file) {
   SwigluOptions o;
   try {
-    if (c.params.contains("torch_threads")) o.torch_threads = c.params.at("torch_threads").get<int>();
+    if (c.params.contains("torch_threads")) {
+      if (!c.params.at("torch_threads").is_number_integer()) case_error(file, c, "torch_threads must be an integer");
+      o.torch_threads = c.params.at("torch_threads").get<int>();
+    }
   } catch (const cases::Json::exception& e) {
     throw Error(file.path, file.path + ": case '" + c.id + "': bad torch_threads: " + e.what());
   }
