@@ -59,8 +59,36 @@ def _logits(model, inputs):
         return model(**inputs, use_cache=False).logits
 
 
+def _state(model) -> dict:
+    """name -> (bits, dtype, shape, strides, storage address) of every parameter and buffer."""
+    out = {}
+    for n, t in [*model.named_parameters(), *model.named_buffers()]:
+        out[n] = (t.detach().clone(), t.dtype, tuple(t.shape), t.stride(), t.untyped_storage().data_ptr())
+    return out
+
+
+def _unchanged(model, inputs, ref, before: dict) -> str:
+    """'' when the model's logits are still `ref`'s bits; else what differs, to tell a model opgym left
+    changed (a parameter's value, dtype, shape or strides; its storage moved, with the address mod 4096)
+    from a forward that does not repeat its own bits (two more forwards compared with each other)."""
+    got = _logits(model, inputs)
+    if torch.equal(got.view(torch.int16), ref.view(torch.int16)):
+        return ""
+    after = _state(model)
+    changed = [n for n in before if n not in after or not torch.equal(before[n][0], after[n][0])
+               or before[n][1:4] != after[n][1:4]]
+    moved = [f"{n} ({before[n][4] % 4096} -> {after[n][4] % 4096})" for n in before
+             if n in after and before[n][4] != after[n][4]]
+    again = [_logits(model, inputs) for _ in range(2)]
+    return (f"{int((got != ref).sum())} of {ref.numel()} logits differ from the reference; parameters or "
+            f"buffers changed: {changed or 'none'}; storage moved: {moved or 'none'}; two more forwards "
+            f"{'agree' if torch.equal(again[0], again[1]) else 'disagree'} with each other and "
+            f"{'equal' if torch.equal(again[0], ref) else 'differ from'} the reference")
+
+
 def test_evaluate_reference_row_is_exact_and_sides_clean_up(tiny):
     model, inputs, ref = tiny
+    before = _state(model)
     sides = A.build_sides(model, "hf,opgym,fast:sdpa", None, ("sdpa",), ("sdpa",), "eager")
     assert [s.name for s in sides] == ["HF eager (eager)", "opgym exact", "opgym + sdpa"]
     res = A.evaluate(model, inputs, sides, n_tokens=3, repeats=1)
@@ -78,7 +106,9 @@ def test_evaluate_reference_row_is_exact_and_sides_clean_up(tiny):
     assert rows["HF eager (eager)"]["floor"]["attention_kernel_ms"] == 0  # ... and not on the eager side
     assert model.config._attn_implementation == "eager"
     assert "forward" not in model.__dict__
-    assert torch.equal(_logits(model, inputs).view(torch.int16), ref.view(torch.int16))
+    assert torch.equal(sides[0].logits.view(torch.int16), ref.view(torch.int16))  # HF's side: the reference
+    why = _unchanged(model, inputs, ref, before)
+    assert not why, why
     md = A.markdown(res)
     assert "| HF eager (eager) |" in md and "| opgym + sdpa |" in md
 
