@@ -122,7 +122,7 @@ test:
 # `make test-full`: the rest too - the long Python tests, huge tensors, timed fuzzing (60 s a target), the
 # CUDA build, transformers' tests for every family, the wheel under another torch, the whole model zoo.
 FULL_STAGES := deps venv wheel test-cpp test-san test-fuzz-long test-python test-python-full test-huge test-vllm test-hf-full build-cuda \
-               test-wheel-torch test-torch-matrix test-install-isolated test-graph-next coverage-full
+               test-wheel-torch test-torch-matrix test-install-isolated test-graph-next coverage-full coverage-graph-full
 test-full:
 	scripts/stages.sh $(FULL_STAGES)
 
@@ -279,6 +279,25 @@ test-graph-ci: install-python $(TF_NEXT_OVERLAY)/.installed
 	PYTHONPATH=python $(PY) -m opgym.cli coverage --quiet --path graph --types $(GRAPH_CI_TYPES)
 	PYTHONPATH=$(TF_NEXT_OVERLAY):python $(PY) -m opgym.cli coverage --quiet --path graph --types $(GRAPH_CI_TYPES)
 	PYTHONPATH=$(TF_NEXT_OVERLAY):python $(PY) -m opgym.cli coverage --quiet --path patch --types $(GRAPH_CI_TYPES)
+
+# The whole zoo (every causal-LM and image-text-to-text type) through the exact graph path under the pinned
+# transformers, TF_NEXT (the overlay) and the oldest opgym checks (VENV_OLD: 4.57.6), held per op against
+# opgym.patch under the pinned release (issue 31: reach by construction, across releases). Reports in
+# results/coverage/, the README's table printed last; every run goes on when one fails, and the target then
+# fails (a changed logit or a raising compiled forward). `make test-full` only: about 25 min a run here.
+COVERAGE_OUT := results/coverage
+.PHONY: coverage-graph-full
+coverage-graph-full: install-python $(TF_NEXT_OVERLAY)/.installed $(VENV_OLD)/.requirements
+	$(COPY_EXT)
+	mkdir -p $(COVERAGE_OUT)
+	rc=0; \
+	PYTHONPATH=python $(PY) -m opgym.cli coverage --quiet --path patch --json $(COVERAGE_OUT)/patch-pinned.json || rc=1; \
+	PYTHONPATH=python $(PY) -m opgym.cli coverage --quiet --path graph --json $(COVERAGE_OUT)/graph-pinned.json || rc=1; \
+	PYTHONPATH=$(TF_NEXT_OVERLAY):python $(PY) -m opgym.cli coverage --quiet --path graph --json $(COVERAGE_OUT)/graph-next.json || rc=1; \
+	PYTHONPATH=python $(VENV_OLD)/bin/python -m opgym.cli coverage --quiet --path graph --json $(COVERAGE_OUT)/graph-old.json || rc=1; \
+	$(PY) scripts/coverage_table.py --yardstick $(COVERAGE_OUT)/patch-pinned.json \
+	  $(COVERAGE_OUT)/graph-pinned.json $(COVERAGE_OUT)/graph-next.json $(COVERAGE_OUT)/graph-old.json; \
+	exit $$rc
 
 .PHONY: test-graph-next
 test-graph-next: install-python $(VENV_NEXT)/.requirements-$(TF_NEXT)

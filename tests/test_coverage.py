@@ -101,3 +101,36 @@ def test_summary_counts_types_per_op():
     assert s["fused_types_by_op"] == {"rms_norm": 2, "swiglu": 1}
     assert list(s["fused_types_by_op"]) == [op for op in OPS if op in ("rms_norm", "swiglu")]
     assert s["patched_types_by_op"] == {op: n for op, n in (("rms_norm", 2), ("rotary", 1), ("swiglu", 1))}
+
+
+def test_coverage_table_rows_and_shortfalls(tmp_path, capsys):
+    """scripts/coverage_table.py (make coverage-graph-full's last step): one row per report, in the op table's
+    order, and the ops through which a report fuses in fewer types than the yardstick."""
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "coverage_table.py"
+    spec = importlib.util.spec_from_file_location("coverage_table", path)
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    assert table.OPS == tuple(OPS)  # the table's columns are the op table's ops
+
+    def report(name, tf, path_, fused, seconds):
+        results = [{"type": f"t{i}", "status": "ran", "identical": True,
+                    "fused": {op: 1 for op, n in fused.items() if i < n}} for i in range(3)]
+        rep = {"transformers": tf, "path": path_, "seconds": seconds, "results": results}
+        rep["summary"] = coverage.summarize(rep)
+        (tmp_path / name).write_text(json.dumps(rep))
+        return str(tmp_path / name)
+
+    yard = report("p.json", "5.23.0", "patch", {"rms_norm": 3, "rotary": 2}, 15)
+    graph = report("g.json", "5.24.0", "graph", {"rms_norm": 3, "rotary": 1, "swiglu": 2}, 125)
+    assert table.main(["--yardstick", yard, graph]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "| 5.23.0 | patch | 3 | 3 | 3 | 3 | 0 | 3 | 0 | 2 | 0 | 0 | 0 | 15 s |"
+    assert out[3] == "| 5.24.0 | graph | 3 | 3 | 3 | 3 | 0 | 3 | 0 | 1 | 2 | 0 | 0 | 2 min 5 s |"
+    assert out[-1] == "5.24.0 graph: fewer types than the yardstick: rotary 1 < 2"
+    (tmp_path / "partial.json").write_text(json.dumps({"partial": True, "results": []}))
+    with pytest.raises(SystemExit, match="not a finished"):
+        table.main([str(tmp_path / "partial.json")])
