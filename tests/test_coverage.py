@@ -22,9 +22,13 @@ TYPES = LISTS["liger"]
 
 @pytest.fixture(scope="module")
 def report():
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tiny models gain nothing from a second thread on a shared machine
-    t0 = time.perf_counter()
-    rep = coverage.run(TYPES)
+    try:
+        t0 = time.perf_counter()
+        rep = coverage.run(TYPES)
+    finally:
+        torch.set_num_threads(threads)  # the tests after this module run with the process's threads
     rep["summary"] = coverage.summarize(rep)
     print(f"\ncoverage over {len(TYPES)} types: {time.perf_counter() - t0:.1f} s; {rep['summary']}")
     return rep
