@@ -43,6 +43,7 @@ def test_hf_model_logits_and_tokens_are_hf_eager_bits(dtype):
     # per layer one MLP, one attention core, one q+k rotary pair
     assert h.replaced["rms_norm"] == 1 and h.replaced["add_rms_norm"] == 4, h
     assert h.replaced["swiglu"] == 2 and h.replaced["attn_softmax"] == 2 and h.replaced["rotary"] == 2, h
+    assert h.form_regions == {"attn_softmax gqa grouped": 4}, h  # per layer: the scores' and the output's matmul
     s = h.stats()["ops"]
     assert s["rms_norm"]["fused"] == 1 and s["add_rms_norm"]["fused"] == 4
     assert s["swiglu"]["fused"] == 2 and s["attn_softmax"]["fused"] == 2
@@ -477,3 +478,79 @@ def test_qwen2_5_vl_generate_after_forwards_stays_served():
     ops = h.stats()["ops"]
     assert ops["add_rms_norm"]["fused"] == 4 * 12 + 2 and h.stats()["fallback"] == 0, h.stats()
     assert ops["rotary"]["fused"] == 2 * 12 + 2, ops["rotary"]
+
+
+# ---- grouped-query attention: the matmuls over repeat_kv's copies ------------------------------------------------
+
+def _race_winner(monkeypatch, winner):
+    from opgym.ops.attn_softmax import text
+
+    monkeypatch.setattr(text, "fastest", lambda forms, device="cpu": (winner, {n: 0.0 for n in forms}))
+    text._PROBED.clear()
+    text._RACED.clear()
+
+
+@pytest.mark.parametrize("winner", ["grouped", "repeat_kv"])
+def test_gqa_matmuls_skip_repeat_kv_where_probed_and_faster(monkeypatch, winner):
+    """Qwen2 with 4 query heads on 2 KV heads: both matmuls over repeat_kv's copies are grouped-form regions. Each
+    call runs the grouped matmul when the GQA probe found HF's bits and the race chose it (faked here: which form
+    is faster is the machine's), else the captured repeat_kv; logits and greedy tokens HF's either way."""
+    _race_winner(monkeypatch, winner)
+    m, ref = _qwen2(torch.bfloat16), _qwen2(torch.bfloat16)
+    h = graph.compile(m)
+    ids = torch.randint(3, 99, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, ref(ids).logits)
+        assert torch.equal(m.generate(ids, max_new_tokens=4, do_sample=False),
+                           ref.generate(ids, max_new_tokens=4, do_sample=False))
+    f = h.forms()["ops"]["attn_softmax gqa grouped"]
+    assert f["fused"] + f["fallback"] >= 4 * 2 * 2  # 2 layers x 2 matmuls, a prefill and 3 decode steps at least
+    if winner == "grouped":
+        assert f["fallback"] == 0 and f["fused"] > 0, f
+    else:
+        assert f["fused"] == 0 and f["reasons"] == {"repeat_kv measured faster here (both exact)": f["fallback"]}, f
+    assert h.stats()["fallback"] == 0  # the op's own regions are counted apart from the form's
+
+
+class _Interleaved(nn.Module):
+    """GQA with K/V heads repeated by repeat_interleave's order seen through expand over another axis
+    (x[:, None].expand(B, G, KV, T, D): head h reads KV head h % KV, where repeat_kv's reads h // G): a near miss
+    the grouped form must not take."""
+
+    def forward(self, q, k, v):
+        B, KV, T, D = k.shape
+        G = q.shape[1] // KV
+        k2 = k[:, None, :, :, :].expand(B, G, KV, T, D).reshape(B, KV * G, T, D)
+        v2 = v[:, None, :, :, :].expand(B, G, KV, T, D).reshape(B, KV * G, T, D)
+        w = torch.softmax(torch.matmul(q, k2.transpose(2, 3)) * 0.25, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(w, v2)
+
+
+def test_gqa_near_miss_other_head_order_stays_as_captured(monkeypatch):
+    _race_winner(monkeypatch, "grouped")
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 30, 16, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(1, 2, 30, 16, generator=g).to(torch.bfloat16) for _ in range(2))
+    mod = _Interleaved()
+    h = graph.compile(mod)
+    with torch.no_grad():
+        assert torch.equal(mod(q, k, v), _Interleaved().forward(q, k, v))
+    assert not h.form_regions, h
+    assert h.replaced["attn_softmax"] == 1, h  # the softmax core between them is still served
+
+
+def test_gqa_probe_refusal_runs_the_captured_matmuls(monkeypatch):
+    """Where the GQA probe finds the grouped GEMM's bits differ, every call runs repeat_kv, counted with that
+    reason (the probe forced to refuse here: on this CPU bf16 agrees)."""
+    from opgym.ops.attn_softmax import text
+
+    _race_winner(monkeypatch, "grouped")
+    monkeypatch.setattr(text, "probe", lambda sig, repeat_kv: False)
+    m, ref = _qwen2(torch.bfloat16), _qwen2(torch.bfloat16)
+    h = graph.compile(m)
+    ids = torch.randint(3, 99, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, ref(ids).logits)
+    f = h.forms()["ops"]["attn_softmax gqa grouped"]
+    assert f["fused"] == 0 and f["reasons"] == {"the grouped GEMM's bits differ from HF's (probe)": 4}, f
+    text._PROBED.clear()

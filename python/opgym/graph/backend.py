@@ -21,8 +21,9 @@ _LOCK = threading.Lock()
 class GuardedRegion:
     """What replaces a region in the graph: target(*inputs, *consts), or the region's captured code."""
 
-    def __init__(self, op: str, target, consts: tuple, fallback, counters):
+    def __init__(self, op: str, target, consts: tuple, fallback, counters, check=None):
         self.op, self.target, self.consts, self.fallback, self.counters = op, target, consts, fallback, counters
+        self.check = check  # (*inputs) -> why this call runs the captured code, or None (a pattern's per-call rule)
         self.switch = _ops_table.spec(op).switch
         self.__name__ = f"opgym_{op}"
 
@@ -31,6 +32,8 @@ class GuardedRegion:
             reason = f"{self.switch}=0"
         elif torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
             reason = f"gradient needed (opgym::{self.op} has no backward)"
+        elif self.check is not None and (reason := self._checked(inputs)) is not None:
+            pass
         else:
             try:
                 out = self.target(*inputs, *self.consts)
@@ -41,6 +44,12 @@ class GuardedRegion:
                 return out
         count(self.counters, False, reason)
         return self.fallback(*inputs)
+
+    def _checked(self, inputs):
+        try:
+            return self.check(*inputs)
+        except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
+            return f"opgym error in the check: {type(e).__name__}"
 
 
 class GraphHandle:
@@ -56,12 +65,24 @@ class GraphHandle:
         self.replaced: dict = collections.Counter()
         self.skipped: dict = collections.defaultdict(collections.Counter)
         self._stats = {name: Stats() for name in _ops_table.OPS}
+        # A pattern's other form of a region HF's code already has one of (attn_softmax's grouped-query matmuls,
+        # which skip repeat_kv's copies where the GQA probe allows): "<op> <form>" -> regions and calls, kept
+        # apart from the op's own so that `replaced` and `stats()` count the op's regions alone.
+        self.form_regions: dict = collections.Counter()
+        self._form_stats: dict = {}
 
     def stats(self) -> dict:
         return summary(self._stats)
 
+    def forms(self) -> dict:
+        """The other forms' calls as stats() counts the ops': which ran the form, which the captured code, why."""
+        return summary(self._form_stats)
+
+    def _form_stat(self, key: str) -> Stats:
+        return self._form_stats.setdefault(key, Stats())
+
     def reset_stats(self) -> None:
-        for s in self._stats.values():
+        for s in (*self._stats.values(), *self._form_stats.values()):
             s.reset()
 
     def _modules(self, towers_only: bool = False) -> list:
@@ -84,7 +105,8 @@ class GraphHandle:
                 m._compiled_call_impl = self._compiled.get(id(m))
 
     def __repr__(self) -> str:
-        return f"GraphHandle(graphs={self.graphs}, replaced={dict(self.replaced)}, skipped={ {k: dict(v) for k, v in self.skipped.items()} })"
+        return (f"GraphHandle(graphs={self.graphs}, replaced={dict(self.replaced)}, "
+                f"form_regions={dict(self.form_regions)}, skipped={ {k: dict(v) for k, v in self.skipped.items()} })")
 
 
 _DEFAULT = GraphHandle()
@@ -132,15 +154,19 @@ def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule
                 handle.skipped[op][why] += 1
                 continue
             region["inputs"] = [_current(moved, n) for n in region["inputs"]]
-            target, consts = pat.replacement(region, verdict)
+            target, consts, *check = pat.replacement(region, verdict)  # (target, consts[, per-call check])
             fallback = extract(region["inputs"], region["output"], region["nodes"])
-            call = GuardedRegion(op, target, consts, fallback, (handle._stats[op], _DEFAULT._stats[op]))
+            form = region.get("counted_as")  # a form of its own (GraphHandle.form_regions), or the op's
+            key = f"{op} {form}" if form else op
+            counters = ((handle._form_stat(key), _DEFAULT._form_stat(key)) if form
+                        else (handle._stats[op], _DEFAULT._stats[op]))
+            call = GuardedRegion(op, target, consts, fallback, counters, *check)
             if hasattr(pat, "splice_region"):  # a region with several outputs places its call itself
                 moved.update(pat.splice_region(graph, region, call) or {})
             else:
                 moved[region["output"]] = splice(graph, region["output"], call, tuple(region["inputs"]))
             prune(graph, region["nodes"])
-            handle.replaced[op] += 1
+            (handle.form_regions if form else handle.replaced)[key] += 1
     gm.recompile()
     return gm
 

@@ -4,7 +4,10 @@ dtype=torch.float32)`, `.to(scores' dtype)` - found by those calls and their arg
 softmax over the last dim in float32, the cast back to the scores' dtype), whatever function or class they sit
 in. Admitted by bits: the region, cut out of the graph, against opgym::attn_softmax on random scores of the
 call's rank and dtype at row lengths 1 to 300 (torch's softmax sums in lanes: every tail shape), with a mask of
-the call's broadcast shape holding 0 and finfo.min; replaced only when they agree."""
+the call's broadcast shape holding 0 and finfo.min; replaced only when they agree.
+
+With grouped-query attention, the two matmuls around it read repeat_kv's copies of K and V; each is also a region
+(below, "grouped-query attention"), served without the copies where opgym's GQA probe allows, call by call."""
 from __future__ import annotations
 
 import torch
@@ -31,6 +34,10 @@ def _softmax_last_fp32(node) -> bool:
 
 
 def find(graph: fx.Graph) -> list[dict]:
+    return _find_core(graph) + _find_grouped(graph)
+
+
+def _find_core(graph: fx.Graph) -> list[dict]:
     out = []
     for sm in graph.nodes:
         if not _softmax_last_fp32(sm):
@@ -67,6 +74,113 @@ def find(graph: fx.Graph) -> list[dict]:
     return out
 
 
+# ---- grouped-query attention: the matmuls over repeat_kv's copies --------------------------------------------
+# HF's `repeat_kv(x, G)` as Dynamo captures it: x[:, :, None, :, :].expand(B, KV, G, T, D).reshape(B, KV * G, T, D),
+# read by `matmul(q, _.transpose(2, 3))` (the scores) or `matmul(w, _)` (the output). Such a region is served by
+# the same matmul over the shared K/V with q (or w) viewed as [B, KV, G * S, _] (no copies), call by call where
+# opgym's GQA probe found that form gives HF's bits for the call's signature (dtype, phase, threads, sizes:
+# text.why_not_grouped, the probe opgym.patch uses) and it measured faster; any other call runs the captured code.
+_NEW_AXIS = (slice(None), slice(None), None, slice(None), slice(None))
+
+
+def _known(a, b) -> bool:
+    """a == b for sizes that may be symbolic, decided without adding a guard to the captured shapes."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    try:
+        return bool(statically_known_true(a == b))
+    except Exception:  # noqa: BLE001 - undecidable here: not the pattern
+        return False
+
+
+def _repeat_kv_of(rs):
+    """(x, G, nodes, sizes) when `rs` is x[:, :, None, :, :].expand(B, KV, G, T, D).reshape(B, KV * G, T, D) of a
+    4-D x, each step read only by the next; `sizes`: the size nodes expand/reshape read (region inputs)."""
+    if not (is_call(rs, "reshape") and rs.op == "call_method"):
+        return None
+    ex = rs.args[0]
+    if not (is_call(ex, "expand") and ex.op == "call_method" and only_user(ex) is rs):
+        return None
+    gi = ex.args[0]
+    if not (is_call(gi, "getitem") and only_user(gi) is ex and len(gi.args) == 2 and gi.args[1] == _NEW_AXIS):
+        return None
+    x = gi.args[0]
+    xv, ev, rv = val(x), val(ex), val(rs)
+    if not all(isinstance(v, torch.Tensor) for v in (xv, ev, rv)) or xv.dim() != 4 or ev.dim() != 5 or rv.dim() != 4:
+        return None
+    G = ev.shape[2]
+    if not isinstance(G, int) or G < 2:
+        return None
+    B, KV, T, D = xv.shape
+    if not (all(_known(a, b) for a, b in zip(ev.shape, (B, KV, G, T, D)))
+            and all(_known(a, b) for a, b in zip(rv.shape, (B, KV * G, T, D)))):
+        return None
+    sizes = [a for a in (*ex.args[1:], *rs.args[1:]) if isinstance(a, fx.Node)]
+    return x, G, [gi, ex, rs], sizes
+
+
+def _find_grouped(graph: fx.Graph) -> list[dict]:
+    out = []
+    for mm in graph.nodes:
+        if not (is_call(mm, "matmul") and len(mm.args) == 2 and not mm.kwargs):
+            continue
+        a, b = mm.args
+        kind, rs, extra = "output", b, []
+        if is_call(b, "transpose") and len(b.args) == 3 and tuple(b.args[1:]) in ((2, 3), (-2, -1), (3, 2), (-1, -2)):
+            kind, rs, extra = "scores", b.args[0], [b]
+            if only_user(rs) is not b:
+                continue
+        elif only_user(b) is not mm:
+            continue
+        got = _repeat_kv_of(rs)
+        if got is None or not isinstance(a, fx.Node):
+            continue
+        x, G, nodes, sizes = got
+        av, xv = val(a), val(x)
+        if not (isinstance(av, torch.Tensor) and av.dim() == 4 and av.dtype == xv.dtype and av.is_floating_point()
+                and _known(av.shape[1], xv.shape[1] * G) and _known(av.shape[0], xv.shape[0])):
+            continue
+        out.append({"kind": kind, "counted_as": "gqa grouped", "inputs": [a, x, *sizes],
+                    "nodes": nodes + extra + [mm], "output": mm, "signature": ("grouped", kind, av.dtype, G)})
+    return out
+
+
+def _scores_grouped(q, k, *_sizes):
+    """matmul(q, repeat_kv(k, G).transpose(2, 3)) over the shared keys: q seen as [B, KV, G * S, D]."""
+    B, H, S, D = q.shape
+    KV, T = k.shape[1], k.shape[2]
+    return torch.matmul(q.reshape(B, KV, (H // KV) * S, D), k.transpose(2, 3)).view(B, H, S, T)
+
+
+def _output_grouped(w, v, *_sizes):
+    """matmul(w, repeat_kv(v, G)) over the shared values: w seen as [B, KV, G * S, T]."""
+    B, H, S, T = w.shape
+    KV, Dv = v.shape[1], v.shape[3]
+    return torch.matmul(w.reshape(B, KV, (H // KV) * S, T), v).view(B, H, S, Dv)
+
+
+def _repeat_kv(x, G: int):
+    """HF's repeat_kv, for the probe (the same calls as the captured region)."""
+    B, KV, T, D = x.shape
+    return x[:, :, None, :, :].expand(B, KV, G, T, D).reshape(B, KV * G, T, D)
+
+
+def _why_not(kind: str):
+    def check(a, x, *_sizes):
+        from . import text
+
+        if a.dim() != 4 or x.dim() != 4 or a.dtype != x.dtype or a.device != x.device or x.shape[1] == 0:
+            return "not the grouped form's operands"
+        B, H, S = a.shape[0], a.shape[1], a.shape[2]
+        KV = x.shape[1]
+        if H % KV:
+            return "head counts do not divide"
+        T, D = (x.shape[2], a.shape[3]) if kind == "scores" else (a.shape[3], x.shape[3])
+        # the probe's signature takes the head dims of both matmuls; a region holds one of them
+        return text.why_not_grouped(a.dtype, a.device, B, KV, H // KV, S, T, D, D, _repeat_kv)
+    return check
+
+
 def _probe(region: dict):
     dtype, rank, scale, mshape = region["signature"]
     fn = extract(region["inputs"], region["output"], region["nodes"])
@@ -93,11 +207,18 @@ def _probe(region: dict):
 
 
 def admit(region: dict):
-    """(verdict, None) or (None, why not): the probe, once per signature (graph/regions.admit)."""
+    """(verdict, None) or (None, why not): the probe, once per signature (graph/regions.admit). A grouped region
+    is admitted as a form: which calls it serves, the GQA probe decides per call signature (_why_not)."""
+    if region.get("kind") in ("scores", "output"):
+        return True, None
     return regions.admit(_VERDICTS, region, _probe)
 
 
 def replacement(region: dict, _verdict) -> tuple:
+    if region.get("kind") == "scores":
+        return _scores_grouped, (), _why_not("scores")
+    if region.get("kind") == "output":
+        return _output_grouped, (), _why_not("output")
     if len(region["inputs"]) == 1:
         return OP, (region["scale"],)
     return _with_mask, (region["scale"],)

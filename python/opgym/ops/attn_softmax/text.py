@@ -52,7 +52,11 @@ def phase(S: int) -> str:
 
 def _signature(q, k, v, G: int) -> tuple:
     B, H, S, D = q.shape
-    return (q.dtype, q.device.type, phase(S), torch.get_num_threads(), B, k.shape[1], G, D, v.shape[-1])
+    return signature_of(q.dtype, q.device, B, k.shape[1], G, S, D, v.shape[-1])
+
+
+def signature_of(dtype, device, B: int, KV: int, G: int, S: int, D: int, Dv: int) -> tuple:
+    return (dtype, torch.device(device).type, phase(S), torch.get_num_threads(), B, KV, G, D, Dv)
 
 
 def _hf_layout(B, H, S, D, dtype, device, gen):
@@ -117,25 +121,40 @@ def race(sig: tuple, repeat_kv) -> tuple:
 
 def grouped_exact(q, k, v, G: int, repeat_kv) -> bool:
     """Whether skipping repeat_kv gives HF's bits for this call's signature (the probe, once per signature)."""
-    if torch.compiler.is_compiling():
-        return False  # a traced graph takes HF's repeat_kv: no thread-count-dependent branch inside it
-    S, T, D, Dv = q.shape[2], k.shape[2], q.shape[3], v.shape[3]
-    if G <= 1 or S * T * min(D, Dv) < NAIVE_BMM:
-        return False
-    sig = _signature(q, k, v, G)
-    ok = _PROBED.decide(sig, lambda: probe(sig, repeat_kv), device=q.device)
-    return ok is True  # a Failed probe admits nothing and is not cached: the next call probes again
+    B, H, S, D = q.shape
+    return why_not_grouped(q.dtype, q.device, B, k.shape[1], G, S, k.shape[2], D, v.shape[3], repeat_kv,
+                           race_too=False) is None
 
 
 def grouped_ok(q, k, v, G: int, repeat_kv) -> bool:
     """Whether this call skips repeat_kv (see the module docstring): the grouped form is exact here and was
     measured faster than HF's repeat_kv (both exact: the faster runs). Probes and races a signature once.
     Under torch.compile always False (HF's repeat_kv)."""
-    if not grouped_exact(q, k, v, G, repeat_kv):
-        return False
-    sig = _signature(q, k, v, G)
-    won = _RACED.decide(sig, lambda: race(sig, repeat_kv), device=q.device)
-    return isinstance(won, tuple) and won[0] == "grouped"  # a race that raised: HF's repeat_kv, raced again next
+    B, H, S, D = q.shape
+    return why_not_grouped(q.dtype, q.device, B, k.shape[1], G, S, k.shape[2], D, v.shape[3], repeat_kv) is None
+
+
+def why_not_grouped(dtype, device, B: int, KV: int, G: int, S: int, T: int, D: int, Dv: int, repeat_kv,
+                    race_too: bool = True) -> str | None:
+    """None when a call of these sizes skips repeat_kv (grouped_ok; race_too=False: grouped_exact), else why
+    not - what the graph path counts as the call's fallback reason. S query rows against T keys, D the
+    query/key head dim, Dv the value head dim."""
+    if torch.compiler.is_compiling():
+        return "traced: HF's repeat_kv"  # a traced graph takes HF's repeat_kv: no thread-count-dependent branch inside it
+    if G <= 1:
+        return "no key/value groups"
+    if S * T * min(D, Dv) < NAIVE_BMM:
+        return "GEMM small enough for torch's naive bmm loop: HF's repeat_kv"
+    sig = signature_of(dtype, device, B, KV, G, S, D, Dv)
+    ok = _PROBED.decide(sig, lambda: probe(sig, repeat_kv), device=device)
+    if ok is not True:  # a Failed probe admits nothing and is not cached: the next call probes again
+        return "the grouped GEMM's bits differ from HF's (probe)" if ok is False else "the GQA probe raised"
+    if not race_too:
+        return None
+    won = _RACED.decide(sig, lambda: race(sig, repeat_kv), device=device)
+    if not isinstance(won, tuple):  # a race that raised: HF's repeat_kv, raced again next
+        return "the GQA speed race raised"
+    return None if won[0] == "grouped" else "repeat_kv measured faster here (both exact)"
 
 
 def probed() -> dict:
