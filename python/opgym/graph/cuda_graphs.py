@@ -40,7 +40,8 @@ When it stays eager (counted in `GraphHandle.cuda_graphs`, never raising into th
 CUDA tensor input or with inputs on several devices; graphs calling something a capture cannot hold - a
 host read of a value (.item(), .tolist()), an output shape read from the data (nonzero), a copy to the CPU,
 a random op - found by name before any capture (`scan`); a graph whose capture (or a replay's launch)
-raised, from then on; calls that need a gradient, calls made while the caller's stream is capturing
+raised, from then on (the call is run again eagerly; should the failure have left the CUDA context unusable,
+as torch's own test of a failed capture warns it can, that eager call raises: the one way this can); calls that need a gradient, calls made while the caller's stream is capturing
 (opgym's graphs do not nest) or while another thread captures; signatures past the capture budget. One
 model is called from one thread at a time (as with any CUDA graph); calls on another stream than the last
 replay's wait for that stream first.
@@ -145,8 +146,10 @@ def scan(graph: fx.Graph) -> str | None:
     output shape read from the data, a random op, a copy to the CPU, a tensor built from host data - or None.
     By the call's name (call_function and call_method alike), in the graph and in the captured code of its
     guarded regions (what a region falls back to). A capture would fail on most of these (a host sync is illegal
-    while capturing, and after some failures torch's own tests start a fresh process); a random op would replay
-    its draw from the graph's RNG offsets, which nothing here checks against eager's."""
+    while capturing), and a failed capture is best not tried: torch's own test of one (test_cuda.py,
+    test_graph_error) runs it in a subprocess because "the error we trigger puts the cuda context in a bad
+    state". A random op would replay its draw from the graph's RNG offsets, which nothing here checks against
+    eager's."""
     for node in graph.nodes:
         if node.op not in ("call_function", "call_method"):
             continue
