@@ -493,17 +493,13 @@ class CudaGraphs:
 
     def __init__(self, enabled: bool = False):
         self.enabled = check_argument(enabled)
-        self.captured = self.replayed = 0
+        self.captured = self.replayed = self.evicted = 0
         self.eager: collections.Counter = collections.Counter()
         self.off: collections.Counter = collections.Counter()
         self._runners: weakref.WeakSet = weakref.WeakSet()
         self._pools: dict = {}  # device index -> the pool every capture of this handle on it shares
         self._streams: dict = {}  # device index -> the side stream captures run on
         self._last: dict = {}  # device -> the stream of the last replay (the pool's memory was last used there)
-
-    @property
-    def evicted(self) -> int:
-        return sum(r.signatures.evicted for r in list(self._runners))
 
     def as_dict(self) -> dict:
         return {"enabled": self.enabled, "captured": self.captured, "replayed": self.replayed,
@@ -590,7 +586,10 @@ class Runner:
             return self._eager(str(e), args)
         e = self.signatures.get(key)
         if e is None:
-            return self._warm_up(self.signatures.add(key), args)
+            evicted = self.signatures.evicted
+            e = self.signatures.add(key)
+            self.owner.evicted += self.signatures.evicted - evicted
+            return self._warm_up(e, args)
         if e.reason is not None:
             return self._eager(e.reason, args)
         if e.capture is None:  # warm (or its warm-up raised: warm up again)
