@@ -9,5 +9,8 @@ transformers release that renames a keyword or adds a decorator changes nothing 
 
 A replaced region is a guarded call: the op, or - when its switch is off, a gradient is needed, or the op
 raises - the region's own captured code (counted with the reason). The model never raises because of opgym.
+
+On CUDA, `opgym.compile(model, cuda_graphs=True)` captures each rewritten graph as a CUDA graph per input
+signature and replays it (cuda_graphs.py: the same kernels, so the same bits; unverified until a GPU runs it).
 """
 from .backend import GraphHandle, backend, compile  # noqa: F401

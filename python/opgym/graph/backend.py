@@ -13,6 +13,7 @@ import torch.fx as fx
 
 from .. import ops as _ops_table
 from ..guard import Stats, count, summary, switch_on
+from .cuda_graphs import CudaGraphs
 from .regions import extract, prune, splice
 
 _LOCK = threading.Lock()
@@ -55,9 +56,10 @@ class GuardedRegion:
 class GraphHandle:
     """What `opgym.compile` returns: per op, the regions replaced and the candidates left as captured (with
     why), over every graph Dynamo handed the backend; the calls counted as in opgym.patch (`stats()`); the
-    number of graphs (`graphs`: a recompilation adds one); `undo()` and `redo()`."""
+    number of graphs (`graphs`: a recompilation adds one); `undo()` and `redo()`; `cuda_graphs`: what the CUDA
+    graphs did (opgym/graph/cuda_graphs.py; `enabled` False unless compiled with cuda_graphs=True)."""
 
-    def __init__(self, model: torch.nn.Module | None = None):
+    def __init__(self, model: torch.nn.Module | None = None, cuda_graphs: bool = False):
         self._model = weakref.ref(model) if model is not None else None
         self._towers: list = []  # weakrefs to the nested models compiled with it (compile's `towers`)
         self._compiled: dict = {}  # id(module) -> the compiled call opgym.compile installed on it
@@ -70,6 +72,7 @@ class GraphHandle:
         # apart from the op's own so that `replaced` and `stats()` count the op's regions alone.
         self.form_regions: dict = collections.Counter()
         self._form_stats: dict = {}
+        self.cuda_graphs = CudaGraphs(cuda_graphs)
 
     def stats(self) -> dict:
         return summary(self._stats)
@@ -105,8 +108,9 @@ class GraphHandle:
                 m._compiled_call_impl = self._compiled.get(id(m))
 
     def __repr__(self) -> str:
+        cg = f", cuda_graphs={self.cuda_graphs.as_dict()}" if self.cuda_graphs.enabled else ""
         return (f"GraphHandle(graphs={self.graphs}, replaced={dict(self.replaced)}, "
-                f"form_regions={dict(self.form_regions)}, skipped={ {k: dict(v) for k, v in self.skipped.items()} })")
+                f"form_regions={dict(self.form_regions)}, skipped={ {k: dict(v) for k, v in self.skipped.items()} }{cg})")
 
 
 _DEFAULT = GraphHandle()
@@ -172,7 +176,8 @@ def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule
 
 
 def backend(gm: fx.GraphModule, example_inputs, handle: GraphHandle | None = None):
-    """A torch.compile backend: the graph rewritten by opgym's patterns, run eagerly."""
+    """A torch.compile backend: the graph rewritten by opgym's patterns, run eagerly (or, with the handle's
+    cuda_graphs enabled, captured and replayed as a CUDA graph where that is safe: cuda_graphs.py)."""
     handle = handle or _DEFAULT
     with _LOCK:
         handle.graphs += 1
@@ -183,7 +188,7 @@ def backend(gm: fx.GraphModule, example_inputs, handle: GraphHandle | None = Non
             handle.skipped["<graph>"][f"opgym error while rewriting: {type(e).__name__}: {e}"] += 1
             gm.graph = pristine
             gm.recompile()
-    return gm.forward
+    return handle.cuda_graphs.wrap(gm, example_inputs) if handle.cuda_graphs.enabled else gm.forward
 
 
 # Dynamo keeps its compiled entries per code object and runs a code object eagerly - unserved, silently - once
@@ -212,7 +217,8 @@ def towers(model: torch.nn.Module) -> list:
     return [m for m in model.modules() if m is not model and isinstance(m, base)]
 
 
-def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECOMPILE_LIMIT) -> GraphHandle:  # noqa: A001
+def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECOMPILE_LIMIT,  # noqa: A001
+            cuda_graphs: bool = False) -> GraphHandle:
     """Compiles `model` in place through the exact graph path (module docstring); returns its GraphHandle.
     Graphs are captured at the first call of each new input signature; shapes that change between calls (the
     cache length in decoding) become symbolic after one recompile (Dynamo's automatic dynamic shapes: leave
@@ -225,10 +231,16 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
     with the model alone, and generate's pre-encoding reuses the vision graphs). The model's compiled call puts
     the towers' back before it runs, so a caller that undoes and then restores only the model's own
     `_compiled_call_impl` (opgym run's graph side) keeps its towers' graphs (a tower called then from the
-    model's region would compile them again)."""
+    model's region would compile them again).
+
+    `cuda_graphs=True` (opt-in; unverified on a GPU): each rewritten graph is captured as a CUDA graph at the
+    second call of an input signature and replayed from then on, bits unchanged (cuda_graphs.py: which inputs
+    are copied, what stays eager and why, the bounds); decoding benefits with a StaticCache (one signature per
+    step) and not with a growing DynamicCache (a new shape every step: never captured). On a CPU model it does
+    nothing and says why (`handle.cuda_graphs.off`: "no CUDA tensors")."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"opgym.compile: expected a torch.nn.Module, got {type(model).__name__}")
-    handle = GraphHandle(model)
+    handle = GraphHandle(model, cuda_graphs=cuda_graphs)
 
     def _backend(gm, example_inputs):
         return backend(gm, example_inputs, handle)
