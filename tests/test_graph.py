@@ -554,3 +554,77 @@ def test_gqa_probe_refusal_runs_the_captured_matmuls(monkeypatch):
     f = h.forms()["ops"]["attn_softmax gqa grouped"]
     assert f["fused"] == 0 and f["reasons"] == {"the grouped GEMM's bits differ from HF's (probe)": 4}, f
     text._PROBED.clear()
+
+
+# ---- the first call, checked against HF eager ------------------------------------------------------------------
+
+class _CompileOnlyBranch(nn.Module):
+    """A sum whose order depends on torch.compile, as transformers' Jamba scan does: pairwise when compiling,
+    left to right in eager (their bits differ in bf16)."""
+
+    def forward(self, x):
+        if torch.compiler.is_compiling():
+            return (x[:, 0::2] + x[:, 1::2]).sum(-1, keepdim=True)
+        out = x[:, :1].clone()
+        for i in range(1, x.shape[1]):
+            out = out + x[:, i:i + 1]
+        return out
+
+
+def _bf16_rows():
+    return (torch.randn(4, 16, generator=torch.Generator().manual_seed(5)) * 10).to(torch.bfloat16)
+
+
+def test_first_call_check_refuses_a_program_that_differs_under_compile():
+    x = _bf16_rows()
+    eager = _CompileOnlyBranch()(x)
+    mod = _CompileOnlyBranch()
+    h = graph.compile(mod)
+    with pytest.warns(RuntimeWarning, match="runs HF's own code"):
+        first = mod(x)
+    assert torch.equal(first, eager)  # the first call returns the eager output ...
+    assert h.refused and "differ from HF eager's" in h.refused, h.refused
+    graphs = h.graphs
+    assert torch.equal(mod(x), eager) and h.graphs == graphs  # ... and later calls run the module's own code
+    h.redo()
+    assert mod._compiled_call_impl is None  # refused for good
+
+
+def test_without_the_check_the_compile_only_program_runs():
+    """verify=False shows what the check guards against: the captured program's own bits."""
+    x = _bf16_rows()
+    mod = _CompileOnlyBranch()
+    h = graph.compile(mod, verify=False)
+    got = mod(x)
+    assert h.refused is None and not torch.equal(got, _CompileOnlyBranch()(x))
+
+
+def test_verify_takes_a_bool():
+    from opgym.guard import SettingError
+
+    with pytest.raises(SettingError, match="verify must be True or False, got 'yes'"):
+        graph.compile(nn.Linear(2, 2), verify="yes")
+
+
+def test_first_call_check_leaves_the_cache_and_the_rng_as_one_call_would():
+    """generate's prefill passes its cache into the first call: the eager run gets a copy (else the prompt's keys
+    would be cached twice and the tokens differ); a random op sees the same RNG state in both runs and after."""
+    m, ref = _qwen2(torch.bfloat16), _qwen2(torch.bfloat16)
+    h = graph.compile(m)
+    ids = torch.randint(3, 99, (1, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(m.generate(ids, max_new_tokens=4, do_sample=False),
+                           ref.generate(ids, max_new_tokens=4, do_sample=False))
+    assert h.refused is None and h.stats()["fused"] > 0
+
+    class Noisy(nn.Module):
+        def forward(self, x):
+            return x + torch.rand(x.shape)
+
+    x = torch.zeros(3)
+    torch.manual_seed(7)
+    want, want_next = Noisy()(x), torch.rand(1)
+    mod = Noisy()
+    graph.compile(mod)
+    torch.manual_seed(7)
+    assert torch.equal(mod(x), want) and torch.equal(torch.rand(1), want_next)

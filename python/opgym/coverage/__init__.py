@@ -65,6 +65,7 @@ def summarize(report: dict) -> dict:
         "forward_failed": sorted(r["type"] for r in rs if r["status"] == "forward failed"),
         "could_not_build": sorted(r["type"] for r in rs if r["status"] == "could not build"),
         "timed_out": sorted(r["type"] for r in rs if r["status"] == "timed out"),
+        "refused": sorted(r["type"] for r in rs if r.get("refused")),
         "image_inputs": len([r for r in rs if str(r.get("inputs", "")).startswith("image")]),
         "fused_types_by_op": _types_by_op(rs, "fused"),
         "patched_types_by_op": _types_by_op(rs, "patched"),
@@ -84,7 +85,8 @@ def _verdict(r: dict) -> str:
     if r["status"] in ("could not build", "forward failed", "patch raised", "patched forward raised", "timed out"):
         return f"{r['status']}: {r['error']}"
     if r.get("identical"):
-        return "identical" + ("" if r.get("deterministic", True) else " (model itself nondeterministic)")
+        return ("identical" + (" (graph path refused: HF's own code ran)" if r.get("refused") else "")
+                + ("" if r.get("deterministic", True) else " (model itself nondeterministic)"))
     return (f"CHANGED: {r['differ']} of {r['numel']} differ"
             + ("" if r.get("deterministic", True) else " (model itself nondeterministic)"))
 
@@ -112,7 +114,8 @@ def print_table(report: dict, file=None) -> None:
                   f"{s['identical']} bit-identical, {len(s['changed'])} changed {s['changed']}, "
                   f"{len(s['patch_raised'])} patch raised, {len(s['patched_forward_raised'])} patched forward raised, "
                   f"{len(s['forward_failed'])} forward failed, {len(s['could_not_build'])} could not build, "
-                  f"{len(s['timed_out'])} timed out; "
+                  f"{len(s['timed_out'])} timed out, {len(s.get('refused', []))} refused by the first call's check "
+                  f"{s.get('refused', [])}; "
                   f"{s['image_inputs']} fed images; {report['seconds']} s")
     what = "regions replaced" if report.get("path") == "graph" else "modules patched"
     console.print(f"types per op (path {report.get('path', 'patch')}): fused calls: "

@@ -12,7 +12,8 @@ import torch
 import torch.fx as fx
 
 from .. import ops as _ops_table
-from ..guard import Stats, count, summary, switch_on
+from ..admission import bits_equal, count_differences
+from ..guard import SettingError, Stats, count, summary, switch_on
 from .cuda_graphs import CudaGraphs
 from .regions import extract, prune, splice
 
@@ -73,6 +74,7 @@ class GraphHandle:
         self.form_regions: dict = collections.Counter()
         self._form_stats: dict = {}
         self.cuda_graphs = CudaGraphs(cuda_graphs)
+        self.refused: str | None = None  # why the graph path was refused for this model (compile's verify)
 
     def stats(self) -> dict:
         return summary(self._stats)
@@ -92,6 +94,14 @@ class GraphHandle:
         refs = ([] if towers_only or self._model is None else [self._model]) + self._towers
         return [m for ref in refs if (m := ref()) is not None]
 
+    def refuse(self, why: str) -> None:
+        """The graph path refused for good: every compiled module runs its own code (undo), `redo` does nothing."""
+        import warnings
+
+        self.refused = why
+        self.undo()
+        warnings.warn(f"opgym.compile: the model runs HF's own code: {why}", RuntimeWarning, stacklevel=3)
+
     def undo(self) -> None:
         """The model and its towers run their own calls again; `redo()` puts the compiled calls back (Dynamo's
         graphs kept: no recompilation)."""
@@ -99,10 +109,14 @@ class GraphHandle:
             m._compiled_call_impl = None
 
     def redo(self) -> None:
+        if self.refused:
+            return
         for m in self._modules():
             m._compiled_call_impl = self._compiled.get(id(m), m._compiled_call_impl)
 
     def _redo_towers(self) -> None:
+        if self.refused:
+            return
         for m in self._modules(towers_only=True):
             if m._compiled_call_impl is None:
                 m._compiled_call_impl = self._compiled.get(id(m))
@@ -218,7 +232,7 @@ def towers(model: torch.nn.Module) -> list:
 
 
 def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECOMPILE_LIMIT,  # noqa: A001
-            cuda_graphs: bool = False) -> GraphHandle:
+            cuda_graphs: bool = False, verify: bool = True) -> GraphHandle:
     """Compiles `model` in place through the exact graph path (module docstring); returns its GraphHandle.
     Graphs are captured at the first call of each new input signature; shapes that change between calls (the
     cache length in decoding) become symbolic after one recompile (Dynamo's automatic dynamic shapes: leave
@@ -237,7 +251,11 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
     second call of an input signature and replayed from then on, bits unchanged (cuda_graphs.py: which inputs
     are copied, what stays eager and why, the bounds); decoding benefits with a StaticCache (one signature per
     step) and not with a growing DynamicCache (a new shape every step: never captured). On a CPU model it does
-    nothing and says why (`handle.cuda_graphs.off`: "no CUDA tensors")."""
+    nothing and says why (`handle.cuda_graphs.off`: "no CUDA tensors").
+
+    `verify` (default True): the first call of the model (and of each nested model called on its own) is also
+    run as HF's own code, and the graph path is refused for the model when the two outputs' bits differ (below,
+    "the first call, checked against HF eager"); False skips that one extra eager forward."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"opgym.compile: expected a torch.nn.Module, got {type(model).__name__}")
     handle = GraphHandle(model, cuda_graphs=cuda_graphs)
@@ -245,20 +263,99 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
     def _backend(gm, example_inputs):
         return backend(gm, example_inputs, handle)
 
+    if not isinstance(verify, bool):
+        raise SettingError(f"opgym.compile: verify must be True or False, got {verify!r}")
     for m in [*towers(model), model]:
         m.compile(backend=_backend, dynamic=dynamic, recompile_limit=recompile_limit, isolate_recompiles=True)
         if m is not model:
             handle._towers.append(weakref.ref(m))
-            handle._compiled[id(m)] = m._compiled_call_impl
+            handle._compiled[id(m)] = _first_call_checked(m, m._compiled_call_impl, handle) if verify else m._compiled_call_impl
+            m._compiled_call_impl = handle._compiled[id(m)]
+    compiled = _first_call_checked(model, model._compiled_call_impl, handle) if verify else model._compiled_call_impl
     if handle._towers:
-        compiled = model._compiled_call_impl
-
         def call(*args, **kwargs):  # the towers back first (after an undo and a restore of this call alone)
             handle._redo_towers()
             return compiled(*args, **kwargs)
         model._compiled_call_impl = call
+    else:
+        model._compiled_call_impl = compiled
     handle._compiled[id(model)] = model._compiled_call_impl
     return handle
+
+
+# ---- the first call, checked against HF eager ------------------------------------------------------------------
+# Dynamo captures the program the model runs *under torch.compile*, and transformers' code sometimes branches on
+# that (`is_torchdynamo_compiling()`): Jamba's Mamba layers take an associative scan when compiling and a
+# sequential one in eager, whose bits differ (measured, tiny seeded Jamba, transformers 5.23: 1143 of 4096 logits,
+# with Dynamo's own backend="eager" as with opgym's). No pattern can see that in the graph - it is a different
+# program, made of ordinary ops. So each compiled module's first call (the model's, and a nested model's called on
+# its own, as generate does with a vision tower) runs twice: HF's own code first (the compiled calls taken out;
+# caches among the arguments deep-copied, the RNG state restored after, so the real call sees what it would have),
+# then the compiled call; their outputs' tensors are compared bit for bit. A difference refuses the graph path for
+# the whole handle: the model and its towers run their own code from then on (`handle.refused` says why, and a
+# warning), and this call returns HF eager's output. The check costs one eager forward, once.
+_VERIFYING = threading.local()
+
+
+def _tensors(out) -> list:
+    """The tensors of a call's output (a ModelOutput, a dict, tuples and lists of them), caches left out."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):  # ModelOutput too
+        return [t for v in out.values() for t in _tensors(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in _tensors(v)]
+    return []
+
+
+def _private_caches(args: tuple, kwargs: dict):
+    """args and kwargs with every transformers Cache deep-copied (the eager run must not grow the real one)."""
+    tf = sys.modules.get("transformers")
+    cache_cls = getattr(getattr(tf, "cache_utils", None), "Cache", None) if tf is not None else None
+    if cache_cls is None:
+        return args, kwargs
+
+    def own(v):
+        return copy.deepcopy(v) if isinstance(v, cache_cls) else v
+    return tuple(own(a) for a in args), {k: own(v) for k, v in kwargs.items()}
+
+
+def _first_call_checked(module: torch.nn.Module, compiled, handle: GraphHandle):
+    done = []
+
+    def call(*args, **kwargs):
+        if done or handle.refused or getattr(_VERIFYING, "on", False):
+            return compiled(*args, **kwargs)
+        done.append(True)
+        eager_args, eager_kwargs = _private_caches(args, kwargs)
+        rng = torch.random.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        _VERIFYING.on = True
+        try:
+            handle.undo()
+            try:
+                ref = module._call_impl(*eager_args, **eager_kwargs)
+            finally:
+                handle.redo()
+            torch.random.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+            got = compiled(*args, **kwargs)
+        finally:
+            _VERIFYING.on = False
+        a, b = _tensors(ref), _tensors(got)
+        if len(a) != len(b):
+            why = f"its output has {len(b)} tensors where HF eager's has {len(a)}"
+        else:
+            bad = [i for i, (x, y) in enumerate(zip(a, b)) if not bits_equal(x, y)]
+            why = (f"{sum(count_differences(a[i], b[i]) for i in bad)} elements of its output differ from HF eager's "
+                   f"(transformers takes other code under torch.compile here)") if bad else None
+        if why is None:
+            return got
+        handle.refuse(f"{type(module).__name__}'s first call through the graph path: {why}")
+        return ref
+
+    return call
 
 
 try:  # torch.compile(model, backend="opgym")
