@@ -628,3 +628,30 @@ def test_first_call_check_leaves_the_cache_and_the_rng_as_one_call_would():
     graph.compile(mod)
     torch.manual_seed(7)
     assert torch.equal(mod(x), want) and torch.equal(torch.rand(1), want_next)
+
+
+class _PowNorm(nn.Module):
+    """Gemma 4's RMSNorm in a bf16 model: the inverse square root spelt torch.pow(_, exponent) (-0.5 there; any
+    other exponent is a near miss)."""
+
+    def __init__(self, d, exponent=-0.5):
+        super().__init__()
+        self.weight = nn.Parameter((1 + 0.1 * torch.randn(d, generator=torch.Generator().manual_seed(8))).to(torch.bfloat16))
+        self.exponent = exponent
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + 1e-6, self.exponent)
+        return (h * self.weight.float()).type_as(x)
+
+
+@pytest.mark.parametrize("exponent", [-0.5, -0.25])
+def test_rms_norm_spelt_with_pow(exponent):
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    mod = _PowNorm(64, exponent)
+    want = mod(x)
+    h = graph.compile(mod)
+    with torch.no_grad():
+        assert torch.equal(mod(x), want)
+    assert h.replaced["rms_norm"] == (1 if exponent == -0.5 else 0), h
+    assert not h.skipped, h  # the near miss is not even a candidate: the matcher, not the probe, refuses it

@@ -1,7 +1,8 @@
 """RMSNorm in a captured graph (the exact graph path, opgym/graph): found by what it computes, not by a class
 name or source text, and admitted by bits.
 
-The anchor is `rsqrt(mean(h * h, -1, keepdim=True) + eps)` (h**2 spelt .pow(2)) with eps a number; h is x or
+The anchor is `rsqrt(mean(h * h, -1, keepdim=True) + eps)` (h**2 spelt .pow(2); the rsqrt spelt pow(_, -0.5) too,
+as Gemma 4 does) with eps a number; h is x or
 x cast to float32. The region then runs forward from `y * rsqrt(..)` (y: h or x) through single-use dtype
 casts and one multiplication by a weight (a 1-D tensor of the row's width, possibly cast and offset by a
 number: Gemma's `1.0 + weight.float()`). Whatever such a region computes - Llama's two roundings, one fp32
@@ -74,13 +75,24 @@ def _weight_side(node, dim: int):
     return cur, chain[::-1]
 
 
+def _inverse_sqrt_of(r):
+    """a when r is rsqrt(a) or pow(a, -0.5) (Gemma 4 spells it so), else None; which bits either gives is the
+    probe's business."""
+    if is_call(r, "rsqrt") and len(r.args) == 1 and not r.kwargs:
+        return r.args[0]
+    if is_call(r, "pow") and len(r.args) == 2 and not r.kwargs and float_const(r.args[1]) == -0.5 \
+            and isinstance(r.args[0], fx.Node):
+        return r.args[0]
+    return None
+
+
 def find(graph: fx.Graph) -> list[dict]:
     """Every candidate region: {x, weight, eps, nodes, output, signature}."""
     out = []
     for r in graph.nodes:
-        if not is_call(r, "rsqrt") or len(r.args) != 1:
+        a = _inverse_sqrt_of(r)
+        if a is None:
             continue
-        a = r.args[0]
         if not is_call(a, "add") or len(a.args) != 2 or float_const(a.args[1]) is None or not _mean_last(a.args[0]):
             continue
         eps = float_const(a.args[1])
