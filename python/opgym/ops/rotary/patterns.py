@@ -470,7 +470,7 @@ def _member(core: dict):
             return None
     if not one:
         return None
-    ud = one[-1]  # any size-1 dim of the table gives the same bits; this one is decided by the table alone (q and k agree)
+    ud = one[-1]  # any size-1 dim of the table gives the same bits; this one depends on the table alone (q, k agree)
     return {"x": x, "tables": (cc["base"], sc["base"]), "views": cc["views"], "r": r, "ud": ud, "mode": mode,
             "pairs": core["pairs"], "pair_table": pair_table, "contiguous": contiguous, "own": nodes,
             "nodes": nodes + cc["nodes"] + sc["nodes"],
