@@ -222,6 +222,29 @@ class HalvesWithPairTable(_Form):
         return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
 
 
+def rotate_every_two(x):  # GPT-J's
+    x1 = x[:, :, :, ::2]
+    x2 = x[:, :, :, 1::2]
+    x = torch.stack((-x2, x1), dim=-1)
+    return x.flatten(-2)
+
+
+class GptJ(_Form):
+    """GPT-J's spelling: full slices instead of an Ellipsis, `torch.repeat_interleave(t[:, :, None, :], 2, 3)`
+    (one value per pair), the [B, S, H, D] layout, one tensor per call (k first), partial rotary."""
+
+    def rot(self, q, k, cos, sin):
+        def apply(t, sin, cos):
+            sin = torch.repeat_interleave(sin[:, :, None, :], 2, 3)
+            cos = torch.repeat_interleave(cos[:, :, None, :], 2, 3)
+            return (t * cos) + (rotate_every_two(t) * sin)
+        k_rot, k_pass = k[:, :, :, :R], k[:, :, :, R:]
+        q_rot, q_pass = q[:, :, :, :R], q[:, :, :, R:]
+        k_rot = apply(k_rot, sin, cos)
+        q_rot = apply(q_rot, sin, cos)
+        return torch.cat([q_rot, q_pass], dim=-1), torch.cat([k_rot, k_pass], dim=-1)
+
+
 SERVED = {
     # name: (module, dtype of q/k, table width, table dtype, tables batched, q/k heads-first, fused calls)
     "interleaved": (Interleaved, torch.bfloat16, D, torch.bfloat16, True, True, 1),
@@ -234,6 +257,7 @@ SERVED = {
     "trailing-rope-upcast": (TrailingRopeUpcast, torch.bfloat16, R, torch.bfloat16, True, True, 2),
     "heads-second": (HeadsSecond, torch.bfloat16, D, torch.bfloat16, True, False, 1),
     "halves-repeated-table": (HalvesWithPairTable, torch.bfloat16, D, torch.bfloat16, True, True, 1),
+    "gptj-spelling": (GptJ, torch.bfloat16, R // 2, torch.bfloat16, True, False, 2),
 }
 
 
@@ -251,14 +275,15 @@ def test_form_is_served_with_the_module_bits(name):
 
 
 def test_partial_forms_take_the_pass_through_cat():
-    """GLM's and GPT-NeoX's partial rotary: the cat of the pass-through dims is part of the call (one contiguous
+    """GLM's, GPT-NeoX's and GPT-J's partial rotary: the cat of the pass-through dims is part of the call (one contiguous
     output written by opgym::rotary), not left as a torch.cat after it."""
-    for cls, width in ((GlmPartialPairTable, R), (Partial, R)):
+    for cls, width, heads_first, regions in ((GlmPartialPairTable, R, True, 1), (Partial, R, True, 1),
+                                             (GptJ, R // 2, False, 2)):
         torch._dynamo.reset()
         gms = []
-        q, k = _qk(torch.bfloat16)
+        q, k = _qk(torch.bfloat16, heads_first)
         want, got, h = _compile_and_run(cls(), q, k, *_tables(width, torch.bfloat16), keep=gms)
-        assert _same(got, want) and h.replaced["rotary"] == 1, h
+        assert _same(got, want) and h.replaced["rotary"] == regions, h
         assert gms and _cats_left(gms) == 0
 
 

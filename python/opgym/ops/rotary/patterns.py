@@ -125,14 +125,19 @@ def _binary(node, name: str):
 
 
 def _slice_of(node):
-    """(src, start, stop, step) when node is src[..., start:stop:step] (one slice of the last dim), else None."""
+    """(src, start, stop, step) when node is src[..., start:stop:step] - one slice of the last dim, spelled with
+    an Ellipsis or with a full slice for every other dim (GPT-J's `x[:, :, :, ::2]`) - else None."""
     if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is operator.getitem):
         return None
     src, idx = node.args[0], node.args[1]
-    if not (isinstance(src, fx.Node) and isinstance(idx, tuple) and len(idx) == 2 and idx[0] is Ellipsis
-            and isinstance(idx[1], slice)):
+    sv = _tensor(src)
+    if not (isinstance(src, fx.Node) and sv is not None and isinstance(idx, tuple) and idx
+            and isinstance(idx[-1], slice)):
         return None
-    sl = idx[1]
+    full = slice(None, None, None)
+    if not ((len(idx) == 2 and idx[0] is Ellipsis) or (len(idx) == sv.dim() and all(i == full for i in idx[:-1]))):
+        return None
+    sl = idx[-1]
     if not all(v is None or _static(v) is not None for v in (sl.start, sl.stop, sl.step)):
         return None
     return src, *(None if v is None else _static(v) for v in (sl.start, sl.stop, sl.step))
@@ -224,8 +229,9 @@ def _rotation(node):
 
 
 def _repeat2(node) -> bool:
-    """node is x.repeat_interleave(2, dim=-1) (HF's per-pair table made per element)."""
-    if not (is_call(node, "repeat_interleave") and node.op == "call_method" and isinstance(node.args[0], fx.Node)):
+    """node is x.repeat_interleave(2, dim=-1), or torch.repeat_interleave(x, 2, last dim) (HF's per-pair table made
+    per element)."""
+    if not (is_call(node, "repeat_interleave") and node.args and isinstance(node.args[0], fx.Node)):
         return False
     reps, dim = _arg(node, 1, "repeats"), _arg(node, 2, "dim")
     xv = _tensor(node.args[0])
