@@ -1,55 +1,65 @@
 """Rotary in a captured graph (the exact graph path, opgym/graph): regions found by the ops they compute and the
 arguments of those ops, never by function or class names, each mapped onto one opgym::rotary call whose
 arguments give the same roundings, and admitted by bits (below). q's and k's regions that read the same tables
-become one call (both in one pass); a region with no partner gets a call of its own (k empty).
+and whose inputs all exist before the first output become one call (both in one pass); any other region gets a
+call of its own (k empty along the broadcast dim).
 
-What is found (t: the tensor rotated; C, S: what it is multiplied by, HF's unsqueezed cos and sin):
+What is served (t: the tensor rotated; C, S: what it is multiplied by, HF's unsqueezed cos and sin):
 
 - The rotate form, `t * C + rot(t) * S` (either operand order in each product and in the sum), with `rot` HF's
   `rotate_half`, `cat((-t[..., h:], t[..., :h]), -1)` with h half of t's last dim (pairs "half"), or the
   interleaved `stack((-t[..., 1::2], t[..., 0::2]), -1).flatten(-2)` (pairs "interleaved": GLM, GLM-4V text,
-  Cohere, DeepSeek-V4). Upcasts: t may be `t0.float()` (rot reading that cast, or `rot(t0).float()` beside
-  `t0.float()`: DeepSeek-V4), and the tables cast to float32.
+  Cohere, Ernie 4.5, Helium, GPT-J, DeepSeek-V4). Upcasts: t may be `t0.float()` (rot reading that cast, or
+  `rot(t0).float()` beside `t0.float()`: DeepSeek-V4), the tables cast to float32. A slice of the last dim is
+  read whether spelled `x[..., a:b:c]` or with a full slice for every other dim (GPT-J's `x[:, :, :, ::2]`).
 - The two-part form, `cat([a * C - b * S, b * C + a * S], -1)`: (a, b) the halves of t (`chunk(t, 2, -1)` or
-  `t[..., :h]`, `t[..., h:]`: GPT-OSS, pairs "half" with tables one value per pair) or its even and odd
-  elements (`t[..., 0::2]`, `t[..., 1::2]`: DeepSeek-V3's apply_rotary_pos_emb_interleave, pairs
-  "deinterleave"). The tables are then one value per pair (pair_table).
-- The tables: C and S are one chain of calls on two tables of one shape and dtype: unsqueezes, a slice of the
-  last dim's first half (`[..., :W // 2]`), casts to float32, and with interleaved pairs HF's
-  `repeat_interleave(2, dim=-1)` (GLM's `cos[..., :W // 2].repeat_interleave(2, -1)`, DeepSeek-V4's
-  `cos.repeat_interleave(2, -1)`: one value per pair, pair_table). The call reads the tables from where the
-  chain's value-changing calls (casts, repeat_interleave) begin: views before them stay in the graph, views
-  after them are replayed on the call's inputs. Tables of fewer dims than t (Pixtral's `[S, D]` unsqueezed at
-  0 against `[B, H, S, D]`; MuseGlimmer's vision `[S, 1, D]` against `[1, S, H, D]`) are left-padded as
-  broadcasting does; opgym::rotary takes them with the size-1 dim they broadcast along as its unsqueeze_dim.
-  A repeat_interleave'd table with rotate_half's halves is no pair table: there the walk stops before the
-  repeat_interleave (its output is the call's per-element table).
+  `t[..., :h]`, `t[..., h:]`: GPT-OSS, pairs "half") or its even and odd elements (`t[..., 0::2]`,
+  `t[..., 1::2]`: DeepSeek-V3's apply_rotary_pos_emb_interleave, pairs "deinterleave"); C and S are then one
+  value per pair (pair_table), and the output is the cat's (contiguous).
+- The tables: C and S are one chain of calls on two tables of one shape and dtype: unsqueezes, the first-half
+  slice of the last dim (`[..., :W // 2]`), casts to float32 and, with interleaved pairs, one
+  `repeat_interleave(2, -1)` (GLM's `cos[..., :W // 2].repeat_interleave(2, -1)`, DeepSeek-V4's and GPT-J's
+  per-pair tables: the call reads the table before it, pair_table). The call's table input is what the chain's
+  first value-changing call (a cast, the repeat_interleave) reads: the views before it stay in the graph, the
+  views after it are replayed on the call's inputs. Tables of fewer dims than t (Pixtral's `[S, D]` unsqueezed
+  at 0 against `[B, H, S, D]`; MuseGlimmer's vision `[S, 1, D]` against `[1, S, H, D]`) are left-padded as
+  broadcasting does; the call's unsqueeze_dim is the table's last size-1 dim before the head dim (any such dim
+  gives the same bits; this one depends on the table alone, so q and k agree on it). With rotate_half's halves
+  a repeat_interleave'd table is no pair table (pair j reads two entries): the walk stops before the
+  repeat_interleave, whose output is then the call's per-element table.
 - The rounding, from the dtypes the graph recorded: "hf" when t, the tables, every product and the sum have
-  one dtype and nothing is cast (HF's text form: each op rounds to that dtype); "fp32" when every product and
-  the sum are float32 of exactly upcast operands - by explicit casts (apply_rotary_pos_emb_vision, Cohere,
-  DeepSeek-V4) or by promotion without a cast (OLMo-2/3: a bf16 q times float32 tables) - with one rounding
-  at the end: the sum itself when t is float32, else the sum's only user must be a cast back to t's dtype.
-  Anything else (a sum left in float32 for a bf16 t, a cast back to another dtype, a product rounded to a
-  narrower dtype before the sum, a cast after a product) is no region: opgym::rotary writes t's dtype.
+  one dtype and nothing is cast (HF's text form: each op rounds to that dtype); "fp32" when every product (and
+  the two-part form's differences and sums) is float32 of operands that are exact in float32 (bf16, fp16,
+  fp32, or upcasts of them) - by explicit casts (apply_rotary_pos_emb_vision, Cohere, DeepSeek-V4) or by
+  promotion without a cast (OLMo-2/3: a bf16 q times float32 tables) - and one rounding at the end: the sum
+  itself when t is float32, else the sum's only user must be a cast back to t's dtype.
 - Partial rotary: when t is `x[..., :R]` and the result's only user is `cat([result, x[..., R:]], -1)` (GPT-NeoX,
-  Phi-3, Nemotron, GLM, GLM-4V text, Qwen3-Next, Qwen3.5), the region takes x and the cat: the call rotates
-  x's first R dims and copies the rest, contiguous as the cat's output. Another cat (the pass-through first, a
-  slice at another point, another tensor) is left as captured after the rotated part, which is a region of
-  its own (DeepSeek-V3 and V4 put their rope dims last: `cat([nope, rotated])` stays as captured).
+  GPT-J, Phi-3, Nemotron, GLM, GLM-4V text, Qwen3-Next, Qwen3.5), the region takes x and the cat: the call
+  rotates x's first R dims and copies the rest, contiguous as the cat's output. Any other cat (the pass-through
+  first, a slice at another point, another tensor's dims) stays as captured after the rotated part, which is a
+  region of its own: DeepSeek-V3/V4 put the rope dims last (`cat([nope, rope])`), and Gemma 4's vision
+  (apply_multidimensional_rope) rotates each position axis' piece of the head and concatenates the pieces - each
+  piece's rotation is served, the cats stay.
 
-Admitted by bits, once per signature: the region, cut out of the graph, against the call it would become, on
-random inputs of its dtypes, ranks, last dims, broadcast dims and stride orders, the dims shared with the
-tables at 1, 7 and 33, tables uniform in (-1, 1) in their own dtype (float32 tables whose products round, so
-that a rounding in another place shows); the outputs' strides must be the region's too (a view downstream must
-not see another layout). Replaced only when every output is identical.
+Admitted by bits, once per signature (the form and its arguments, dtypes, ranks, last dims, broadcast dims,
+stride orders): the region, cut out of the graph, against the call it would become, on random inputs of that
+signature with the dims shared with the tables at 1, 7 and 33, t's values N(0, 16) and the tables uniform in
+(-1, 1) in their own dtype (float32 tables whose products round, so that a rounding in another place shows).
+The outputs' strides over dims of more than one element must be the region's too (a view downstream must not
+meet another layout). Replaced only when every output is identical; a refused region stays as captured, counted
+with its reason.
 
-Not served, and why: the complex-number forms (Llama 4, DeepSeek-V2: torch.view_as_complex; opgym has no
-complex product), Gemma 4 vision's multidimensional rope (the head split among position axes), MRoPE sections
-recomposed inside the region (transformers 5.23/5.24 recompose in the rotary embedding module, outside the
-region, so the text path sees plain tables), and a rotated part that is not a prefix of the head (DeepSeek-V4's
-`cat([nope, rope])`: its rotation alone is served, the cat stays). Where another op's region holds the rotary's
-sum first (Hunyuan-V1 normalizes q and k after the rotary: add + RMSNorm, whose patterns run before rotary's,
-takes the sum and the norm), the rotary stays as captured.
+Not served, and why:
+- A sum left in float32 for a narrower t (CodeGen: its float32 sum is concatenated with the bf16 pass-through,
+  the cat promoting): opgym::rotary writes t's dtype. A cast back to another dtype than t's, a product rounded
+  before the sum, a cast after a product: other roundings than the op's.
+- The complex-number forms (Llama 4's apply_rotary_emb, DeepSeek-V2's: torch.view_as_complex): opgym has no
+  complex product.
+- MRoPE sections recomposed in the region (the op's mrope_section): no attention in transformers 5.23 does it
+  (the rotary embedding modules recompose, outside the region, and the text rotary is the plain form).
+- A rotary sum that another op's region takes first: Hunyuan-V1 normalizes q and k right after the rotary, and
+  add + RMSNorm - whose patterns run before rotary's (opgym/graph/backend.py's order) - takes each sum as its
+  residual add (exact: the region is add + RMSNorm's), leaving no rotary region.
 """
 from __future__ import annotations
 
