@@ -1,11 +1,11 @@
 """The rotary forms of the exact graph path beyond HF's text form and the vision upcast (issue 31; the matcher:
 python/opgym/ops/rotary/patterns.py): interleaved pairs, per-pair tables, partial rotary dims, upcasts by
 promotion, tables of lower rank than q, GPT-OSS's halves, DeepSeek-V3's deinterleaving pairs, DeepSeek-V4's
-upcast rope slice, Gemma 4's [B, S, H, D] layout - each as a small module written the way HF writes it,
-compiled with opgym.compile: its outputs are the module's eager bits (values, dtype, strides) with rotary
-replaced and served. Each has a near miss the matcher must not take (the module's bits, the structure left as
-captured), and what a wrong admission would serve - opgym::rotary with the arguments the form would have been
-given - differs from the near miss's output, so the check would catch a matcher that took it."""
+upcast rope slice, Gemma 4's [B, S, H, D] layout, GPT-J's spelling - each a small module written the way HF
+writes it, compiled with opgym.compile: its outputs are the module's eager bits (values, dtype, strides) with
+rotary replaced and served. Each has a near miss the matcher must not take (the module's bits, the structure
+left as captured), and what a wrong admission would serve - opgym::rotary with the arguments the form would
+have been given - differs from the near miss's output, so the check would catch a matcher that took it."""
 from __future__ import annotations
 
 import importlib
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import opgym
-from opgym.admission import Verdicts
+from opgym.admission import Verdicts, bits_equal
 
 _backend = importlib.import_module("opgym.graph.backend")  # the module (opgym.graph's `backend` is its function)
 
@@ -87,11 +87,11 @@ def _compile_and_run(m, *args, keep=None):
 def _same(got, want):
     got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
     return len(got) == len(want) and all(
-        torch.equal(a, b) and a.dtype == b.dtype and a.stride() == b.stride() for a, b in zip(got, want))
+        bits_equal(a, b) and a.dtype == b.dtype and a.stride() == b.stride() for a, b in zip(got, want))
 
 
 def _cats_left(gms) -> int:
-    """torch.cat calls whose last part is a slice x[..., n:] (a partial rotary's pass-through) left in the graphs."""
+    """torch.cat calls left in the graphs with a part x[..., n:] (a partial rotary's pass-through dims)."""
     n = 0
     for gm in gms:
         for node in gm.graph.nodes:
@@ -275,8 +275,8 @@ def test_form_is_served_with_the_module_bits(name):
 
 
 def test_partial_forms_take_the_pass_through_cat():
-    """GLM's, GPT-NeoX's and GPT-J's partial rotary: the cat of the pass-through dims is part of the call (one contiguous
-    output written by opgym::rotary), not left as a torch.cat after it."""
+    """GLM's, GPT-NeoX's and GPT-J's partial rotary: the cat of the pass-through dims is part of the call (one
+    contiguous output written by opgym::rotary), not left as a torch.cat after it."""
     for cls, width, heads_first, regions in ((GlmPartialPairTable, R, True, 1), (Partial, R, True, 1),
                                              (GptJ, R // 2, False, 2)):
         torch._dynamo.reset()
