@@ -1,19 +1,66 @@
-"""Rotary in a captured graph (the exact graph path, opgym/graph): HF's text form `t * cos + rotate_half(t) * sin`
-with rotate_half `cat((-t[..., h:], t[..., :h]), -1)` (h half the last dim) and cos, sin a table unsqueezed at
-one dim - found by those calls and their arguments, whatever function holds them. q's and k's regions that
-share the tables become one opgym::rotary call (both in one pass); a region with no partner gets one call of
-its own. Admitted by bits: the region, cut out of the graph, against opgym::rotary in mode "hf" on random
-rows of the call's head dim, dtype and layout; replaced only when they agree.
+"""Rotary in a captured graph (the exact graph path, opgym/graph): regions found by the ops they compute and the
+arguments of those ops, never by function or class names, each mapped onto one opgym::rotary call whose
+arguments give the same roundings, and admitted by bits (below). q's and k's regions that read the same tables
+and whose inputs all exist before the first output become one call (both in one pass); any other region gets a
+call of its own (k empty along the broadcast dim).
 
-The upcast form (mode "fp32"; HF's `apply_rotary_pos_emb_vision`, Qwen2/2.5-VL's vision towers): the same
-statements on `t.float()` with tables `table.unsqueeze(d).float()` (or `table.float().unsqueeze(d)`, or a
-float32 table unsqueezed), the sum's only user a cast back to t's own dtype - products and sum in float32, one
-rounding at the end. Found by those casts and their places: a cast after a product, a sum with no cast back
-or one to another dtype is no such region. Any rank from 2 (the vision path's `[S, H, D]` with the tables
-unsqueezed at -2). Admitted by bits the same way: the group, cut out of the graph, against the served call
-(opgym::rotary, mode "fp32") on random rows of the call's rank, head dim, dtypes and stride order, with
-float32 tables whose products round (so a rounding in another place shows).
-Other forms (interleaved pairs, partial rotary dims) stay as captured, for now."""
+What is served (t: the tensor rotated; C, S: what it is multiplied by, HF's unsqueezed cos and sin):
+
+- The rotate form, `t * C + rot(t) * S` (either operand order in each product and in the sum), with `rot` HF's
+  `rotate_half`, `cat((-t[..., h:], t[..., :h]), -1)` with h half of t's last dim (pairs "half"), or the
+  interleaved `stack((-t[..., 1::2], t[..., 0::2]), -1).flatten(-2)` (pairs "interleaved": GLM, GLM-4V text,
+  Cohere, Ernie 4.5, Helium, GPT-J, DeepSeek-V4). Upcasts: t may be `t0.float()` (rot reading that cast, or
+  `rot(t0).float()` beside `t0.float()`: DeepSeek-V4), the tables cast to float32. A slice of the last dim is
+  read whether spelled `x[..., a:b:c]` or with a full slice for every other dim (GPT-J's `x[:, :, :, ::2]`).
+- The two-part form, `cat([a * C - b * S, b * C + a * S], -1)`: (a, b) the halves of t (`chunk(t, 2, -1)` or
+  `t[..., :h]`, `t[..., h:]`: GPT-OSS, pairs "half") or its even and odd elements (`t[..., 0::2]`,
+  `t[..., 1::2]`: DeepSeek-V3's apply_rotary_pos_emb_interleave, pairs "deinterleave"); C and S are then one
+  value per pair (pair_table), and the output is the cat's (contiguous).
+- The tables: C and S are one chain of calls on two tables of one shape and dtype: unsqueezes, the first-half
+  slice of the last dim (`[..., :W // 2]`), casts to float32 and, with interleaved pairs, one
+  `repeat_interleave(2, -1)` (GLM's `cos[..., :W // 2].repeat_interleave(2, -1)`, DeepSeek-V4's and GPT-J's
+  per-pair tables: the call reads the table before it, pair_table). The call's table input is what the chain's
+  first value-changing call (a cast, the repeat_interleave) reads: the views before it stay in the graph, the
+  views after it are replayed on the call's inputs. Tables of fewer dims than t (Pixtral's `[S, D]` unsqueezed
+  at 0 against `[B, H, S, D]`; MuseGlimmer's vision `[S, 1, D]` against `[1, S, H, D]`) are left-padded as
+  broadcasting does; the call's unsqueeze_dim is the table's last size-1 dim before the head dim (any such dim
+  gives the same bits; this one depends on the table alone, so q and k agree on it). With rotate_half's halves
+  a repeat_interleave'd table is no pair table (pair j reads two entries): the walk stops before the
+  repeat_interleave, whose output is then the call's per-element table.
+- The rounding, from the dtypes the graph recorded: "hf" when t, the tables, every product and the sum have
+  one dtype and nothing is cast (HF's text form: each op rounds to that dtype); "fp32" when every product (and
+  the two-part form's differences and sums) is float32 of operands that are exact in float32 (bf16, fp16,
+  fp32, or upcasts of them) - by explicit casts (apply_rotary_pos_emb_vision, Cohere, DeepSeek-V4) or by
+  promotion without a cast (OLMo-2/3: a bf16 q times float32 tables) - and one rounding at the end: the sum
+  itself when t is float32, else the sum's only user must be a cast back to t's dtype.
+- Partial rotary: when t is `x[..., :R]` and the result's only user is `cat([result, x[..., R:]], -1)` (GPT-NeoX,
+  GPT-J, Phi-3, Nemotron, GLM, GLM-4V text, Qwen3-Next, Qwen3.5), the region takes x and the cat: the call
+  rotates x's first R dims and copies the rest, contiguous as the cat's output. Any other cat (the pass-through
+  first, a slice at another point, another tensor's dims) stays as captured after the rotated part, which is a
+  region of its own: DeepSeek-V3/V4 put the rope dims last (`cat([nope, rope])`), and Gemma 4's vision
+  (apply_multidimensional_rope) rotates each position axis' piece of the head and concatenates the pieces - each
+  piece's rotation is served, the cats stay.
+
+Admitted by bits, once per signature (the form and its arguments, dtypes, ranks, last dims, broadcast dims,
+stride orders): the region, cut out of the graph, against the call it would become, on random inputs of that
+signature with the dims shared with the tables at 1, 7 and 33, t's values N(0, 16) and the tables uniform in
+(-1, 1) in their own dtype (float32 tables whose products round, so that a rounding in another place shows).
+The outputs' strides over dims of more than one element must be the region's too (a view downstream must not
+meet another layout). Replaced only when every output is identical; a refused region stays as captured, counted
+with its reason.
+
+Not served, and why:
+- A sum left in float32 for a narrower t (CodeGen: its float32 sum is concatenated with the bf16 pass-through,
+  the cat promoting): opgym::rotary writes t's dtype. A cast back to another dtype than t's, a product rounded
+  before the sum, a cast after a product: other roundings than the op's.
+- The complex-number forms (Llama 4's apply_rotary_emb, DeepSeek-V2's: torch.view_as_complex): opgym has no
+  complex product.
+- MRoPE sections recomposed in the region (the op's mrope_section): no attention in transformers 5.23 does it
+  (the rotary embedding modules recompose, outside the region, and the text rotary is the plain form).
+- A rotary sum that another op's region takes first: Hunyuan-V1 normalizes q and k right after the rotary, and
+  add + RMSNorm - whose patterns run before rotary's (opgym/graph/backend.py's order) - takes each sum as its
+  residual add (exact: the region is add + RMSNorm's), leaving no rotary region.
+"""
 from __future__ import annotations
 
 import operator
@@ -21,129 +68,430 @@ import operator
 import torch
 import torch.fx as fx
 
-from ...admission import Verdicts
+from ...admission import Verdicts, bits_equal
 from ...graph import regions
-from ...graph.regions import cast_target, extract, is_call, only_user, same_bits, val
+from ...graph.regions import cast_target, extract, is_call, only_user, val
 
 OP = torch.ops.opgym.rotary.default
 _VERDICTS = Verdicts("rotary graph region")
+_EXACT_TO_FP32 = (torch.bfloat16, torch.float16, torch.float32)  # upcast to float32 without rounding
+_SERVED = (torch.bfloat16, torch.float16, torch.float32)  # dtypes opgym::rotary takes
 
 
-def _half(node, t, first: bool):
-    """Whether node is t[..., :h] (first) or t[..., h:] with h half of t's last dim."""
-    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is operator.getitem
-            and node.args[0] is t):
-        return False
-    idx = node.args[1]
-    if not (isinstance(idx, tuple) and len(idx) == 2 and idx[0] is Ellipsis and isinstance(idx[1], slice)):
-        return False
-    tv = val(t)
-    try:
-        h = int(tv.shape[-1]) // 2
-    except (TypeError, ValueError, AttributeError):
-        return False
-    sl = idx[1]
-    if sl.step not in (None, 1):
-        return False
-    return (sl.start in (None, 0) and sl.stop == h) if first else (sl.start == h and sl.stop is None)
+# ---- reading nodes -------------------------------------------------------------------------------
+
+def _tensor(node):
+    v = val(node)
+    return v if isinstance(v, torch.Tensor) else None
 
 
-def _rotate_half_of(node):
-    """t when node is cat((-t[..., h:], t[..., :h]), dim=-1), else None."""
-    if not is_call(node, "cat"):
+def _static(s) -> int | None:
+    """s when it is a plain int, or a SymInt whose expression is a constant (Dynamo's views of a dynamic input can
+    carry one); else None (no int() on a symbolic size: that would specialize the captured shape)."""
+    if isinstance(s, bool):
         return None
-    parts = node.args[0] if node.args else node.kwargs.get("tensors")
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    if not isinstance(parts, (list, tuple)) or len(parts) != 2 or dim != -1:
-        return None
-    neg, x1 = parts
-    if not (isinstance(neg, fx.Node) and neg.op == "call_function" and neg.target in (operator.neg, torch.neg)):
-        return None
-    x2 = neg.args[0]
-    t = x1.args[0] if isinstance(x1, fx.Node) and x1.args else None
-    if t is None or not _half(x1, t, True) or not _half(x2, t, False):
-        return None
-    return t
-
-
-def _unsqueezed(node):
-    """(table, dim) when node is table.unsqueeze(dim), else None."""
-    if is_call(node, "unsqueeze") and len(node.args) == 2 and isinstance(node.args[1], int):
-        return node.args[0], node.args[1]
+    if isinstance(s, int):
+        return s
+    if isinstance(s, torch.SymInt):
+        v = s.node.maybe_as_int()
+        return v if isinstance(v, int) else None
     return None
 
 
-def _one(add: fx.Node):
-    """{t, C, S, nodes, output} when `add` is t * C + rotate_half(t) * S."""
-    if not is_call(add, "add") or len(add.args) != 2 or add.kwargs:
+def _same_size(a, b) -> bool:
+    """Whether two sizes Dynamo recorded are one: equal ints, or one symbolic expression (no guard added)."""
+    if _static(a) is not None or _static(b) is not None:
+        return _static(a) == _static(b)
+    na, nb = getattr(a, "node", None), getattr(b, "node", None)
+    return na is not None and nb is not None and str(getattr(na, "expr", na)) == str(getattr(nb, "expr", nb))
+
+
+def _same_shape(a, b) -> bool:
+    return a.dim() == b.dim() and all(_same_size(x, y) for x, y in zip(a.shape, b.shape))
+
+
+def _last(node) -> int | None:
+    """The static last dim of node's tensor."""
+    v = _tensor(node)
+    return _static(v.shape[-1]) if v is not None and v.dim() >= 1 else None
+
+
+def _arg(node: fx.Node, i: int, name: str, default=None):
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+def _is_last_dim(d, rank: int) -> bool:
+    return isinstance(d, int) and not isinstance(d, bool) and d in (-1, rank - 1)
+
+
+def _binary(node, name: str):
+    """(a, b) when node is the plain binary `name` (mul, add, sub) of two nodes: no alpha, no out; else None."""
+    if not is_call(node, name) or len(node.args) != 2 or node.kwargs:
         return None
-    for a, b in (add.args, add.args[::-1]):
-        if not (is_call(a, "mul") and is_call(b, "mul") and len(a.args) == 2 and len(b.args) == 2):
-            continue
-        for t, c in (a.args, a.args[::-1]):
-            for r, s in (b.args, b.args[::-1]):
-                rt = _rotate_half_of(r) if isinstance(r, fx.Node) else None
-                if rt is not None and rt is t and isinstance(c, fx.Node) and isinstance(s, fx.Node):
-                    x1 = r.args[0][1]
-                    neg = r.args[0][0]
-                    nodes = [a, x1, neg.args[0], neg, r, b, add]
-                    return {"t": t, "C": c, "S": s, "nodes": nodes, "output": add}
-    return None
+    a, b = node.args
+    return (a, b) if isinstance(a, fx.Node) and isinstance(b, fx.Node) else None
 
 
-def _fp32_of(node):
-    """x when node casts x, a floating tensor, to float32 (`.float()`, `.to(torch.float32)`), else None."""
+def _slice_of(node):
+    """(src, start, stop, step) when node is src[..., start:stop:step] - one slice of the last dim, spelled with
+    an Ellipsis or with a full slice for every other dim (GPT-J's `x[:, :, :, ::2]`) - else None."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is operator.getitem):
+        return None
+    src, idx = node.args[0], node.args[1]
+    sv = _tensor(src)
+    if not (isinstance(src, fx.Node) and sv is not None and isinstance(idx, tuple) and idx
+            and isinstance(idx[-1], slice)):
+        return None
+    full = slice(None, None, None)
+    if not ((len(idx) == 2 and idx[0] is Ellipsis) or (len(idx) == sv.dim() and all(i == full for i in idx[:-1]))):
+        return None
+    sl = idx[-1]
+    if not all(v is None or _static(v) is not None for v in (sl.start, sl.stop, sl.step)):
+        return None
+    return src, *(None if v is None else _static(v) for v in (sl.start, sl.stop, sl.step))
+
+
+def _prefix(node, src=None):
+    """(src, n) when node is src[..., :n] (start None or 0, step None or 1, n a non-negative int)."""
+    s = _slice_of(node)
+    if s is None or (src is not None and s[0] is not src):
+        return None
+    x, start, stop, step = s
+    if start not in (None, 0) or step not in (None, 1) or stop is None or stop < 0:
+        return None
+    return x, stop
+
+
+def _suffix(node, src=None):
+    """(src, n) when node is src[..., n:] (n a non-negative int, step None or 1)."""
+    s = _slice_of(node)
+    if s is None or (src is not None and s[0] is not src):
+        return None
+    x, start, stop, step = s
+    if start is None or start < 0 or stop is not None or step not in (None, 1):
+        return None
+    return x, start
+
+
+def _strided(node, first: int):
+    """src when node is src[..., first::2] (first 0 or 1; 0 also spelled None), else None."""
+    s = _slice_of(node)
+    if s is None:
+        return None
+    src, start, stop, step = s
+    if step != 2 or stop is not None or (start if start is not None else 0) != first:
+        return None
+    return src
+
+
+def _upcast_of(node):
+    """x when node casts x (bf16, fp16 or fp32: exactly) to float32, else None."""
     if cast_target(node) != torch.float32 or not isinstance(node.args[0], fx.Node):
         return None
-    xv = val(node.args[0])
-    return node.args[0] if isinstance(xv, torch.Tensor) and xv.is_floating_point() else None
+    xv = _tensor(node.args[0])
+    return node.args[0] if xv is not None and xv.dtype in _EXACT_TO_FP32 else None
 
 
-def _upcast_table(node):
-    """(table, dim, nodes) when node is table.unsqueeze(dim).float(), table.float().unsqueeze(dim), or a
-    float32 table unsqueezed (nothing to cast); else None. `nodes`: the casts and the unsqueeze."""
-    x = _fp32_of(node)
-    if x is not None and (u := _unsqueezed(x)) is not None:
-        return u[0], u[1], [x, node]
-    if (u := _unsqueezed(node)) is not None:
-        x = _fp32_of(u[0])
-        if x is not None:
-            return x, u[1], [u[0], node]
-        tv = val(u[0])
-        if isinstance(tv, torch.Tensor) and tv.dtype == torch.float32:
-            return u[0], u[1], [node]
+# ---- the rotation and the tables -------------------------------------------------------------------
+
+def _rotation(node):
+    """(t, pairs, nodes) when node is HF's rotation of t: rotate_half's cat((-t[..., h:], t[..., :h]), -1) or the
+    interleaved stack((-t[..., 1::2], t[..., 0::2]), -1).flatten(-2); else None."""
+    if is_call(node, "cat"):
+        parts, dim = _arg(node, 0, "tensors"), _arg(node, 1, "dim", 0)
+        if not isinstance(parts, (list, tuple)) or len(parts) != 2:
+            return None
+        neg, x1 = parts
+        if not (is_call(neg, "neg") and len(neg.args) == 1 and not neg.kwargs):
+            return None
+        lo, hi = _prefix(x1), _suffix(neg.args[0])
+        if lo is None or hi is None or lo[0] is not hi[0]:
+            return None
+        t = lo[0]
+        D, tv = _last(t), _tensor(t)
+        if D is None or D % 2 or lo[1] != D // 2 or hi[1] != D // 2 or not _is_last_dim(dim, tv.dim()):
+            return None
+        return t, "half", [x1, neg.args[0], neg, node]
+    if is_call(node, "flatten") and node.op == "call_method":
+        st = node.args[0] if node.args else None
+        start, end = _arg(node, 1, "start_dim", 0), _arg(node, 2, "end_dim", -1)
+        if not is_call(st, "stack") or only_user(st) is not node:
+            return None
+        sv = _tensor(st)
+        if sv is None or start not in (-2, sv.dim() - 2) or end not in (-1, sv.dim() - 1):
+            return None
+        parts, dim = _arg(st, 0, "tensors"), _arg(st, 1, "dim", 0)
+        if not isinstance(parts, (list, tuple)) or len(parts) != 2 or dim not in (-1, sv.dim() - 1):
+            return None
+        neg, x1 = parts
+        if not (is_call(neg, "neg") and len(neg.args) == 1 and not neg.kwargs):
+            return None
+        t = _strided(x1, 0)
+        if t is None or _strided(neg.args[0], 1) is not t:
+            return None
+        D = _last(t)
+        if D is None or D % 2:
+            return None
+        return t, "interleaved", [x1, neg.args[0], neg, st, node]
     return None
 
 
-def _upcast(r: dict):
-    """The single region r in its upcast form - r's t is t0.float(), its tables upcast (_upcast_table) and
-    r's sum read only by a cast back to t0's dtype - as {t0, cast, tables, dim, nodes}; else None."""
-    t0 = _fp32_of(r["t"])
-    out = only_user(r["output"])
-    if t0 is None or out is None or out.args[0] is not r["output"]:
+def _repeat2(node) -> bool:
+    """node is x.repeat_interleave(2, dim=-1), or torch.repeat_interleave(x, 2, last dim) (HF's per-pair table made
+    per element)."""
+    if not (is_call(node, "repeat_interleave") and node.args and isinstance(node.args[0], fx.Node)):
+        return False
+    reps, dim = _arg(node, 1, "repeats"), _arg(node, 2, "dim")
+    xv = _tensor(node.args[0])
+    if set(node.kwargs) - {"repeats", "dim"} or xv is None or isinstance(reps, bool) or reps != 2:
+        return False
+    return _is_last_dim(dim, xv.dim())
+
+
+def _chain(node, allow_repeat: bool):
+    """The table behind C (or S): {base, views, casts, repeat, nodes}. Walks back from node through casts to
+    float32, unsqueezes, the first-half slice of the last dim and (allow_repeat) one repeat_interleave(2, -1),
+    keeping the walk up to the earliest value-changing call (a cast, the repeat): `base` is what that call reads
+    (the call's table input), `views` the views applied after it, in order, to replay on the base."""
+    steps, cur = [], node
+    while isinstance(cur, fx.Node):
+        if (x := _upcast_of(cur)) is not None:
+            steps.append(("cast", cur))
+            cur = x
+            continue
+        if allow_repeat and _repeat2(cur) and not any(s[0] in ("repeat", "slice") for s in steps):
+            steps.append(("repeat", cur))
+            cur = cur.args[0]
+            continue
+        if is_call(cur, "unsqueeze") and len(cur.args) == 2 and not cur.kwargs and _static(cur.args[1]) is not None:
+            ov = _tensor(cur)
+            if ov is not None and not _is_last_dim(cur.args[1], ov.dim()):
+                steps.append(("unsqueeze", cur))
+                cur = cur.args[0]
+                continue
+        p = _prefix(cur)
+        if p is not None and _last(p[0]) is not None and p[1] == _last(p[0]) // 2 and p[1] > 0:
+            steps.append(("slice", cur))
+            cur = p[0]
+            continue
+        break
+    value = [i for i, s in enumerate(steps) if s[0] in ("cast", "repeat")]
+    steps = steps[: value[-1] + 1] if value else []
+    base = steps[-1][1].args[0] if steps else node
+    views = tuple(("unsqueeze", n.args[1]) if k == "unsqueeze" else ("slice", _prefix(n)[1])
+                  for k, n in reversed(steps) if k in ("unsqueeze", "slice"))
+    return {"base": base, "views": views, "casts": sum(k == "cast" for k, _ in steps),
+            "repeat": any(k == "repeat" for k, _ in steps), "nodes": [n for _, n in steps]}
+
+
+def _dims_after_views(base_v, views):
+    """The base's dims after the views: a list of base dim indices (None for an inserted dim) and the last
+    dim's width (None when not static)."""
+    dims, width = list(range(base_v.dim())), _static(base_v.shape[-1]) if base_v.dim() else None
+    for kind, a in views:
+        if kind == "unsqueeze":
+            n = len(dims) + 1
+            dims.insert(a if a >= 0 else a + n, None)
+        else:
+            width = a
+    return dims, width
+
+
+# ---- the two core forms ------------------------------------------------------------------------------
+
+def _rotate_core(add: fx.Node):
+    """The rotate form t * C + rot(t) * S at `add`, as {t0, pairs, C, S, products, tnodes, upcast, final}."""
+    pair = _binary(add, "add")
+    if pair is None:
         return None
-    t0v = val(t0)
-    if cast_target(out) != t0v.dtype:
-        return None
-    c, s = _upcast_table(r["C"]), _upcast_table(r["S"])
-    if c is None or s is None or c[1] != s[1]:
-        return None
-    cv, sv, ov = val(r["C"]), val(r["S"]), val(out)
-    if not all(isinstance(v, torch.Tensor) for v in (cv, sv, ov)) or not (2 <= t0v.dim() <= 8):
-        return None
-    if cv.dim() != t0v.dim() or sv.dim() != t0v.dim() or val(c[0]).dtype != val(s[0]).dtype:
-        return None
-    try:
-        D = int(t0v.shape[-1])
-        if int(cv.shape[-1]) != D or int(sv.shape[-1]) != D:  # every element rotated: no partial rotary
+    for m1, m2 in (pair, pair[::-1]):
+        a1, a2 = _binary(m1, "mul"), _binary(m2, "mul")
+        if a1 is None or a2 is None:
+            continue
+        for X, C in (a1, a1[::-1]):
+            for Y, S in (a2, a2[::-1]):
+                got = _rotated(X, Y)
+                if got is not None:
+                    t0, pairs, tnodes, upcast = got
+                    return {"kind": "rotate", "t0": t0, "pairs": pairs, "C": C, "S": S, "products": (m1, m2),
+                            "tnodes": tnodes + [m1, m2, add], "upcast": upcast, "final": add}
+    return None
+
+
+def _rotated(X, Y):
+    """(t0, pairs, nodes, upcast) when Y is the rotation of X (X being t0 or t0.float()), or Y is rot(t0).float()
+    beside X = t0.float(); else None."""
+    r = _rotation(Y)
+    if r is not None and r[0] is X:
+        t0 = _upcast_of(X)
+        if t0 is not None:
+            return t0, r[1], [X, *r[2]], "t"
+        return X, r[1], r[2], ""
+    inner = _upcast_of(Y)
+    t0 = _upcast_of(X)
+    if inner is not None and t0 is not None and (r := _rotation(inner)) is not None and r[0] is t0:
+        return t0, r[1], [X, *r[2], Y], "each"
+    return None
+
+
+def _halves(a, b):
+    """(t, pairs, nodes) when (a, b) are t's halves (chunk(t, 2, -1), or t[..., :h] and t[..., h:]: "half") or its
+    even and odd elements (t[..., 0::2], t[..., 1::2]: "deinterleave"); else None."""
+    if all(isinstance(n, fx.Node) and n.op == "call_function" and n.target is operator.getitem for n in (a, b)):
+        ch = a.args[0]
+        if ch is b.args[0] and is_call(ch, "chunk") and a.args[1] == 0 and b.args[1] == 1:
+            t, n, dim = ch.args[0], _arg(ch, 1, "chunks"), _arg(ch, 2, "dim", 0)
+            tv, D = _tensor(t), _last(t)
+            if isinstance(t, fx.Node) and tv is not None and n == 2 and D is not None and D % 2 == 0 \
+                    and _is_last_dim(dim, tv.dim()) and len(ch.users) == 2:
+                return t, "half", [ch, a, b]
             return None
-    except (TypeError, ValueError):
+    lo, hi = _prefix(a), _suffix(b)
+    if lo is not None and hi is not None and lo[0] is hi[0]:
+        D = _last(lo[0])
+        if D is not None and D % 2 == 0 and lo[1] == D // 2 == hi[1]:
+            return lo[0], "half", [a, b]
         return None
-    dim = c[1] if c[1] >= 0 else c[1] + t0v.dim()
-    if not 0 <= dim < t0v.dim() - 1:
+    t = _strided(a, 0)
+    if t is not None and _strided(b, 1) is t and _last(t) is not None and _last(t) % 2 == 0:
+        return t, "deinterleave", [a, b]
+    return None
+
+
+def _twopart_core(cat: fx.Node):
+    """The two-part form cat([a * C - b * S, b * C + a * S], -1) at `cat`."""
+    if not is_call(cat, "cat"):
         return None
-    return {"t0": t0, "cast": out, "tables": (c[0], s[0]), "dim": c[1], "at": dim,
-            "nodes": [r["t"], *c[2], *s[2], *r["nodes"], out]}
+    parts, dim = _arg(cat, 0, "tensors"), _arg(cat, 1, "dim", 0)
+    cv = _tensor(cat)
+    if cv is None or not isinstance(parts, (list, tuple)) or len(parts) != 2 or not _is_last_dim(dim, cv.dim()):
+        return None
+    first, second = _binary(parts[0], "sub"), _binary(parts[1], "add")
+    if first is None or second is None:
+        return None
+    m1, m2 = first
+    f1, f2 = _binary(m1, "mul"), _binary(m2, "mul")
+    if f1 is None or f2 is None:
+        return None
+    for m3, m4 in (second, second[::-1]):
+        f3, f4 = _binary(m3, "mul"), _binary(m4, "mul")
+        if f3 is None or f4 is None:
+            continue
+        for a, C in (f1, f1[::-1]):
+            for b, S in (f2, f2[::-1]):
+                if {id(x) for x in f3} != {id(b), id(C)} or {id(x) for x in f4} != {id(a), id(S)} or a is b or C is S:
+                    continue
+                got = _twopart_source(a, b)
+                if got is None:
+                    continue
+                t0, pairs, tnodes, upcast = got
+                return {"kind": "twopart", "t0": t0, "pairs": pairs, "C": C, "S": S, "products": (m1, m2, m3, m4),
+                        "tnodes": tnodes + [m1, m2, parts[0], m3, m4, parts[1], cat], "upcast": upcast,
+                        "final": cat, "sums": (parts[0], parts[1])}
+    return None
+
+
+def _twopart_source(a, b):
+    """(t0, pairs, nodes, upcast): a and b split t0, or t0.float(), or are each an upcast of t0's split."""
+    ua, ub = _upcast_of(a), _upcast_of(b)
+    if ua is not None and ub is not None:
+        h = _halves(ua, ub)
+        return None if h is None else (h[0], h[1], [*h[2], a, b], "each")
+    h = _halves(a, b)
+    if h is None:
+        return None
+    t0 = _upcast_of(h[0])
+    if t0 is not None:
+        return t0, h[1], [h[0], *h[2]], "t"
+    return h[0], h[1], h[2], ""
+
+
+# ---- one member: the core's rounding, output, partial rotary and tables --------------------------------
+
+def _member(core: dict):
+    """The region of one rotated tensor, or None (and then nothing is replaced)."""
+    t0 = core["t0"]
+    tv = _tensor(t0)
+    if tv is None or tv.dtype not in _SERVED or not 2 <= tv.dim() <= 8 or _static(tv.stride()[-1]) != 1:
+        return None
+    r = tv.dim()
+    width = _last(t0)
+    if width is None:
+        return None
+    twopart = core["kind"] == "twopart"
+    cc = _chain(core["C"], allow_repeat=not twopart and core["pairs"] == "interleaved")
+    sc = _chain(core["S"], allow_repeat=not twopart and core["pairs"] == "interleaved")
+    if (cc["views"], cc["casts"], cc["repeat"]) != (sc["views"], sc["casts"], sc["repeat"]):
+        return None
+    cb, sb = _tensor(cc["base"]), _tensor(sc["base"])
+    if cb is None or sb is None or cb.dtype != sb.dtype or cb.dtype not in _SERVED or not _same_shape(cb, sb):
+        return None
+    if cb.dim() < 1 or _static(cb.stride()[-1]) != 1 or _static(sb.stride()[-1]) != 1:
+        return None
+    pair_table = twopart or cc["repeat"]
+    # the rounding
+    final = core["final"]
+    fv = _tensor(final)
+    inner = [core["C"], core["S"], *core["products"], *core.get("sums", ())]
+    ivs = [_tensor(n) for n in inner]
+    if fv is None or any(v is None for v in ivs):
+        return None
+    if not core["upcast"] and cc["casts"] == 0 and cb.dtype == tv.dtype and fv.dtype == tv.dtype \
+            and all(v.dtype == tv.dtype for v in ivs):
+        mode = "hf"
+    elif fv.dtype == torch.float32 and all(_tensor(p).dtype == torch.float32 for p in core["products"]) \
+            and all(_tensor(s).dtype == torch.float32 for s in core.get("sums", ())):
+        mode = "fp32"  # every operand of the products is exact in float32 (bf16/fp16/fp32 inputs, upcasts)
+    else:
+        return None
+    nodes = list(core["tnodes"])  # the member's own nodes (the tables' chains may be shared: added below)
+    out = final
+    if fv.dtype != tv.dtype:
+        back = only_user(final)
+        if back is None or back.args[0] is not final or cast_target(back) != tv.dtype:
+            return None
+        out = back
+        nodes.append(back)
+    # the rotary dim and the table's width
+    R = width
+    dims, tw = _dims_after_views(cb, cc["views"])
+    if tw is None or (2 * tw if pair_table else tw) != R or len(dims) > r:
+        return None
+    # partial rotary: t0 = x[..., :R] and the result's only user cat([result, x[..., R:]], -1)
+    x, contiguous = t0, twopart
+    p = _prefix(t0)
+    cat = only_user(out)
+    if p is not None and p[1] == R and is_call(cat, "cat"):
+        parts, dim = _arg(cat, 0, "tensors"), _arg(cat, 1, "dim", 0)
+        if isinstance(parts, (list, tuple)) and len(parts) == 2 and parts[0] is out \
+                and _suffix(parts[1], p[0]) == (p[0], R) and _is_last_dim(dim, r):
+            x, contiguous = p[0], True
+            nodes += [t0, parts[1], cat]
+            out = cat
+    xv = _tensor(x)
+    ov = _tensor(out)
+    if xv is None or ov is None or not _same_shape(xv, ov) or ov.dtype != xv.dtype or _static(xv.stride()[-1]) != 1:
+        return None
+    # the tables as broadcast against t: left-padded to t's rank; the call's unsqueeze_dim is a size-1 dim there
+    pad = r - len(dims)
+    tr = [None] * pad + dims  # base dim per dim of the broadcast table (None: size 1)
+    one = []
+    for j in range(r - 1):
+        b = tr[j]
+        if b is None or _static(cb.shape[b]) == 1:
+            one.append(j)
+        elif not _same_size(cb.shape[b], xv.shape[j]):
+            return None
+    if not one:
+        return None
+    ud = one[-1]  # any size-1 dim of the table gives the same bits; this one depends on the table alone (q, k agree)
+    return {"x": x, "tables": (cc["base"], sc["base"]), "views": cc["views"], "r": r, "ud": ud, "mode": mode,
+            "pairs": core["pairs"], "pair_table": pair_table, "contiguous": contiguous, "own": nodes,
+            "nodes": nodes + cc["nodes"] + sc["nodes"],
+            "output": out, "tr": tuple(tr), "key": (core["kind"], core["pairs"], core["upcast"], mode, pair_table,
+                                                      contiguous, cc["views"], cc["casts"], out is not final)}
 
 
 def _stride_order(v) -> tuple:
@@ -155,126 +503,112 @@ def _stride_order(v) -> tuple:
     return tuple(sorted(range(v.dim()), key=lambda d: -st[d]))
 
 
-def _find_upcast(singles: list, order: dict) -> tuple[list, set]:
-    """The upcast form's regions (q and k paired when they read the same tables), and the singles they took."""
-    out, used = [], set()
-    ups = {i: u for i, r in enumerate(singles) if (u := _upcast(r)) is not None}
-    for i, a in ups.items():
-        if i in used:
-            continue
-        av = val(a["t0"])
-        partner = next((j for j, b in ups.items() if j > i and j not in used and b["tables"] == a["tables"]
-                        and singles[j]["C"] is singles[i]["C"] and singles[j]["S"] is singles[i]["S"]
-                        and val(b["t0"]).dtype == av.dtype and val(b["t0"]).dim() == av.dim()
-                        and b["at"] == a["at"]), None)
-        group = [a] + ([ups[partner]] if partner is not None else [])
-        ins = [u["t0"] for u in group] + list(a["tables"])
-        first = min((u["cast"] for u in group), key=order.__getitem__)
-        if partner is not None and any(order[n] > order[first] for n in ins):
-            group, partner = [a], None
-            ins = [a["t0"], *a["tables"]]
-        used.add(i)
-        if partner is not None:
-            used.add(partner)
-        nodes = sorted({n for u in group for n in u["nodes"]}, key=order.__getitem__)
-        tv = val(a["tables"][0])
-        out.append({"form": "upcast", "group": group, "inputs": ins, "dim": a["dim"], "tables": a["tables"],
-                    "nodes": nodes, "output": [u["cast"] for u in group],
-                    "signature": ("upcast", av.dtype, tv.dtype, int(av.shape[-1]), a["at"], av.dim(), len(group),
-                                  tuple(_stride_order(val(u["t0"])) for u in group))})
-    return out, used
+def _describe(n) -> tuple:
+    v = _tensor(n)
+    return (v.dtype, v.dim(), _static(v.shape[-1]), tuple(_static(s) == 1 for s in v.shape), _stride_order(v))
 
 
 def find(graph: fx.Graph) -> list[dict]:
-    singles = [r for n in graph.nodes if (r := _one(n)) is not None]
     order = {n: i for i, n in enumerate(graph.nodes)}
-    out, used = _find_upcast(singles, order)
-    for i, a in enumerate(singles):
+    members, taken = [], set()
+    for n in graph.nodes:
+        core = _rotate_core(n) if is_call(n, "add") else _twopart_core(n) if is_call(n, "cat") else None
+        m = _member(core) if core is not None else None
+        if m is None or taken.intersection(m["own"]):
+            continue
+        taken.update(m["own"])
+        members.append(m)
+    out, used = [], set()
+    for i, a in enumerate(members):
         if i in used:
             continue
-        ca, sa = _unsqueezed(a["C"]), _unsqueezed(a["S"])
-        tv, cv = val(a["t"]), val(a["C"])
-        if ca is None or sa is None or ca[1] != sa[1] or not isinstance(tv, torch.Tensor) or not isinstance(cv, torch.Tensor):
-            continue
-        # the unsqueezed table of q's rank: opgym::rotary takes tables of q's rank minus one; one that broadcasts
-        # over a missing leading dim (Pixtral's [S, D] unsqueezed at 0 against [B, H, S, D]) is no operand of it
-        # (admitted, every call raised and fell back)
-        if tv.dtype != cv.dtype or tv.dim() != 4 or cv.dim() != 4:
-            continue
-        partner = None
-        for j in range(i + 1, len(singles)):
-            b = singles[j]
-            bv = val(b["t"])
-            if j not in used and b["C"] is a["C"] and b["S"] is a["S"] and isinstance(bv, torch.Tensor) \
-                    and bv.dtype == tv.dtype and bv.dim() == 4:
-                partner = j
-                break
-        first = a if partner is None else min(a, singles[partner], key=lambda r: order[r["output"]])
-        ins = [a["t"]] + ([singles[partner]["t"]] if partner is not None else []) + [ca[0], sa[0]]
-        if any(order[n] > order[first["output"]] for n in ins):  # an input defined after the first output
-            partner = None
-            ins = [a["t"], ca[0], sa[0]]
         used.add(i)
+        av = _tensor(a["x"])
+        partner = next((j for j in range(i + 1, len(members)) if j not in used
+                        and members[j]["tables"] == a["tables"] and members[j]["key"] == a["key"]
+                        and members[j]["views"] == a["views"] and members[j]["tr"] == a["tr"]
+                        and members[j]["ud"] == a["ud"] and _tensor(members[j]["x"]).dtype == av.dtype
+                        and _tensor(members[j]["x"]).dim() == av.dim()
+                        and _last(members[j]["x"]) == _last(a["x"])), None)
+        group = [a] if partner is None else [a, members[partner]]
+        ins = [m["x"] for m in group] + list(a["tables"])
+        first = min((m["output"] for m in group), key=order.__getitem__)
+        if partner is not None and any(order[x] > order[first] for x in ins):
+            group, partner = [a], None  # an input defined after the first output: no call can take both
+            ins = [a["x"], *a["tables"]]
         if partner is not None:
             used.add(partner)
-        group = [a] + ([singles[partner]] if partner is not None else [])
-        try:
-            D = int(tv.shape[-1])
-        except (TypeError, ValueError):
-            continue
-        nodes = sorted({a["C"], a["S"], *(n for r in group for n in r["nodes"])}, key=order.__getitem__)
-        out.append({"form": "hf", "group": group, "inputs": ins, "dim": ca[1], "tables": (ca[0], sa[0]), "nodes": nodes,
-                    "output": [r["output"] for r in group],
-                    "signature": (tv.dtype, D, ca[1], len(group), tuple(int(s) for s in tv.stride()[-1:]))})
+        nodes = sorted({x for m in group for x in m["nodes"]}, key=order.__getitem__)
+        out.append({"form": "hf" if a["mode"] == "hf" else "upcast", "group": group, "inputs": ins,
+                    "nodes": nodes, "output": [m["output"] for m in group], "consts": _consts(a),
+                    "signature": (a["key"], a["tr"], a["ud"], a["r"], tuple(_describe(m["x"]) for m in group),
+                                  _describe(a["tables"][0]))})
     return out
 
 
-def _probe_upcast(region: dict):
-    """The upcast group against the served call (replacement) on random rows of its rank and stride order: for
-    S in 1, 7, 33 positions, the heads on the tables' unsqueezed dim, float32-wide tables (products round)."""
-    _, dtype, tdtype, D, at, rank, n, orders = region["signature"]
-    fn = extract(region["inputs"], region["output"], region["nodes"])
-    target, consts = replacement(region, True)
-    g = torch.Generator().manual_seed(5)
-    seq = max(d for d in range(rank - 1) if d != at) if rank > 2 else None
-    for S in (1, 7, 33):
-        def shaped(heads, stride_order):
-            shape = [1] * rank
-            shape[-1], shape[at] = D, heads
-            if seq is not None:
-                shape[seq] = S
-            stored = torch.randn([shape[d] for d in stride_order], generator=g, device="cpu") * 4
-            return stored.permute([stride_order.index(d) for d in range(rank)]).to(dtype)
-        ts = [shaped(4, orders[i]) for i in range(n)]
-        tshape = [1] * rank
-        tshape[-1] = D
-        if seq is not None:
-            tshape[seq] = S
-        del tshape[at]
-        cos, sin = (torch.empty(tshape).uniform_(-1, 1, generator=g).to(tdtype) for _ in range(2))
-        ok, why = same_bits(fn, lambda *a: tuple(target(*a, *consts)), [(*ts, cos, sin)])
-        if not ok:
-            return None, f"opgym::rotary (mode fp32) does not give the region's bits ({why})"
-    return True, None
+def _consts(m: dict) -> tuple:
+    return (m["views"], m["r"], m["ud"], m["mode"], m["pairs"], m["pair_table"], m["contiguous"])
+
+
+# ---- admission ----------------------------------------------------------------------------------------
+
+def _probe_inputs(region: dict, shared: int, g: torch.Generator) -> list:
+    """Random inputs shaped like the region's: t's broadcast dims as captured (heads), the dims the tables share
+    with t at `shared`, every last dim as captured, each in its captured stride order."""
+    a = region["group"][0]
+    tr, r = a["tr"], a["r"]
+    base = _tensor(a["tables"][0])
+    made = []
+    for i, m in enumerate(region["group"]):
+        xv = _tensor(m["x"])
+        shape = []
+        for j in range(r - 1):
+            b = tr[j]
+            if b is None or _static(base.shape[b]) == 1:
+                shape.append(1 if _static(xv.shape[j]) == 1 else 3 + i)
+            else:
+                shape.append(shared)
+        shape.append(_last(m["x"]))
+        made.append(_random(shape, _stride_order(xv), xv.dtype, g, scale=4.0))
+    bshape = []
+    for d in range(base.dim()):
+        if d == base.dim() - 1:
+            bshape.append(_last(a["tables"][0]))
+        elif _static(base.shape[d]) == 1:
+            bshape.append(1)
+        else:
+            bshape.append(shared)
+    for _ in range(2):
+        made.append(_random(bshape, _stride_order(base), base.dtype, g, scale=None))
+    return made
+
+
+def _random(shape, stride_order, dtype, g, scale):
+    stored = [shape[d] for d in stride_order]
+    t = torch.randn(stored, generator=g) * scale if scale else torch.empty(stored).uniform_(-1, 1, generator=g)
+    return t.permute([stride_order.index(d) for d in range(len(shape))]).to(dtype)
 
 
 def _probe(region: dict):
-    if region["form"] == "upcast":
-        return _probe_upcast(region)
-    dtype, D, dim, n, _ = region["signature"]
+    mode = region["group"][0]["mode"]
+    fn = extract(region["inputs"], region["output"], region["nodes"])
+    target, consts = replacement(region, True)
     g = torch.Generator().manual_seed(5)
-    fns = [extract([r["t"], r["C"], r["S"]], r["output"], r["nodes"]) for r in region["group"]]
-    for S in (1, 7, 33):
-        q = torch.randn(1, S, 4, D, generator=g, device="cpu").to(dtype).transpose(1, 2)  # HF's strided heads
-        k = torch.randn(1, S, 2, D, generator=g, device="cpu").to(dtype).transpose(1, 2)
-        cos, sin = (torch.randn(1, S, D, generator=g, device="cpu").to(dtype) for _ in range(2))
-        C, Sn = cos.unsqueeze(dim), sin.unsqueeze(dim)
-        got = OP(q, k, cos, sin, dim)
-        for t, fn, o in zip((q, k), fns, got):
-            ok, why = same_bits(fn, lambda *_a, o=o: o, [(t, C, Sn)])
-            if not ok:
-                return None, f"opgym::rotary (mode hf) does not give the region's bits ({why})"
+    for shared in (1, 7, 33):
+        args = _probe_inputs(region, shared, g)
+        with torch.no_grad():
+            want, got = fn(*args), tuple(target(*args, *consts))
+        want = want if isinstance(want, tuple) else (want,)
+        if len(want) != len(got) or not all(bits_equal(w, o) for w, o in zip(want, got)):
+            return None, f"opgym::rotary (mode {mode}) does not give the region's bits (shared dims {shared})"
+        if not all(_layout(w) == _layout(o) for w, o in zip(want, got)):
+            return None, f"opgym::rotary (mode {mode}) gives the region's bits in another layout (shared dims {shared})"
     return True, None
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """t's strides over its dims of more than one element (a size-1 dim's stride is arbitrary: no view reads it)."""
+    return tuple((d, t.stride(d)) for d in range(t.dim()) if t.shape[d] > 1)
 
 
 def admit(region: dict):
@@ -295,15 +629,24 @@ def splice_region(graph: fx.Graph, region: dict, call) -> None:
 
 
 def replacement(region: dict, _verdict) -> tuple:
-    mode = "fp32" if region["form"] == "upcast" else "hf"
-    if len(region["group"]) == 2:
-        return _pair, (region["dim"], mode)
-    return _single, (region["dim"], mode)
+    return (_pair if len(region["group"]) == 2 else _single), region["consts"]
 
 
-def _pair(q, k, cos, sin, dim, mode="hf"):
-    return OP(q, k, cos, sin, dim, mode)
+def _table(t, views, r: int, ud: int):
+    """The call's cos (or sin) from the region's table input: the views after the chain's casts replayed, left-padded
+    to t's rank as broadcasting does, the size-1 dim `ud` dropped (the call's unsqueeze_dim)."""
+    for kind, a in views:
+        t = t.unsqueeze(a) if kind == "unsqueeze" else t[..., :a]
+    if t.dim() < r:
+        t = t[(None,) * (r - t.dim())]
+    return t.squeeze(ud)
 
 
-def _single(t, cos, sin, dim, mode="hf"):
-    return OP(t, t, cos, sin, dim, mode)[:1]
+def _pair(q, k, cos, sin, views, r, ud, mode, pairs, pair_table, contiguous):
+    return OP(q, k, _table(cos, views, r, ud), _table(sin, views, r, ud), ud, mode, None, pairs, pair_table, contiguous)
+
+
+def _single(t, cos, sin, views, r, ud, mode, pairs, pair_table, contiguous):
+    """One tensor: k empty along the broadcast dim (no second pass over t)."""
+    return OP(t, t.narrow(ud, 0, 0), _table(cos, views, r, ud), _table(sin, views, r, ud), ud, mode, None, pairs,
+              pair_table, contiguous)[:1]
