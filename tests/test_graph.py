@@ -655,3 +655,35 @@ def test_rms_norm_spelt_with_pow(exponent):
         assert torch.equal(mod(x), want)
     assert h.replaced["rms_norm"] == (1 if exponent == -0.5 else 0), h
     assert not h.skipped, h  # the near miss is not even a candidate: the matcher, not the probe, refuses it
+
+
+def test_pattern_order_takes_rotary_before_add_norm_and_refuses_a_cycle(monkeypatch):
+    """backend._ordered: CONTAINS (add_rms_norm holds an RMSNorm) and BEFORE (rotary claims its sum before
+    add_rms_norm could take it as a residual add) both put an op first; declarations that contradict raise."""
+    import importlib
+    import types
+
+    from opgym import ops
+
+    b = importlib.import_module("opgym.graph.backend")
+    order = [o for o, _ in b._ordered(ops.OPS)]
+    assert order.index("rotary") < order.index("add_rms_norm") < order.index("rms_norm"), order
+    fake = {"a": types.SimpleNamespace(BEFORE=("b",)), "b": types.SimpleNamespace(BEFORE=("a",))}
+    monkeypatch.setattr(b._ops_table, "part", lambda op, what: fake.get(op))
+    with pytest.raises(RuntimeError, match="cycle at b"):
+        b._ordered(["a", "b"])
+
+
+def test_rotary_read_by_a_norm_is_served_as_rotary():
+    """Hunyuan-V1 normalizes q and k right after the rotary: the rotary pair is served (taken first), and the q/k
+    norms too, logits HF's."""
+    from opgym.coverage import build
+
+    model, config, _ = build.build("hunyuan_v1_dense", 0)
+    ref, _, _ = build.build("hunyuan_v1_dense", 0)
+    inputs = build.text_inputs(config, 0)
+    h = graph.compile(model)
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, ref(**inputs).logits)
+    assert h.replaced["rotary"] == 2 and h.stats()["ops"]["rotary"]["fused"] == 2, h  # one q+k pair a layer
+    assert h.stats()["ops"]["rms_norm"]["fused"] >= 4, h  # the q and k norms of both layers among them

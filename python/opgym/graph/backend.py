@@ -133,15 +133,25 @@ _DEFAULT = GraphHandle()
 def _ordered(names) -> list:
     """(op, patterns module) for each op with patterns, in the op table's order except that an op whose
     patterns contain another op's (`CONTAINS`: add_rms_norm's region holds an RMSNorm) comes before it, so the
-    larger region is taken first and what it leaves goes to the smaller pattern."""
+    larger region is taken first and what it leaves goes to the smaller pattern; and an op that must claim
+    shared nodes first (`BEFORE`: rotary before add_rms_norm, whose residual add would otherwise take a rotary
+    sum that a norm reads - Hunyuan-V1's q/k norms) comes before the ops it names."""
     pats = [(op, p) for op in names if (p := _ops_table.part(op, "patterns")) is not None]
+
+    def first(p) -> tuple:
+        return (*getattr(p, "CONTAINS", ()), *getattr(p, "BEFORE", ()))
+
     out: list = []
     for op, p in pats:
-        at = len(out)
-        for i, (o, _) in enumerate(out):
-            if o in getattr(p, "CONTAINS", ()):
-                at = min(at, i)
-        out.insert(at, (op, p))
+        lo, hi = 0, len(out)
+        for i, (o, po) in enumerate(out):
+            if o in first(p):
+                hi = min(hi, i)
+            if op in first(po):
+                lo = max(lo, i + 1)
+        if lo > hi:
+            raise RuntimeError(f"opgym: the patterns' CONTAINS/BEFORE declarations make a cycle at {op}")
+        out.insert(hi, (op, p))
     return out
 
 

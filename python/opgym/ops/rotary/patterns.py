@@ -73,6 +73,9 @@ from ...graph import regions
 from ...graph.regions import cast_target, extract, is_call, only_user, val
 
 OP = torch.ops.opgym.rotary.default
+# Rotary's regions are taken before add_rms_norm's: Hunyuan-V1 normalizes q and k right after the rotary, and
+# add_rms_norm would take the rotary sum as its residual add (exact, but then no rotary region is left).
+BEFORE = ("add_rms_norm",)
 _VERDICTS = Verdicts("rotary graph region")
 _EXACT_TO_FP32 = (torch.bfloat16, torch.float16, torch.float32)  # upcast to float32 without rounding
 _SERVED = (torch.bfloat16, torch.float16, torch.float32)  # dtypes opgym::rotary takes
