@@ -182,7 +182,9 @@ def graph_section(base, graph, opt, base_logits, graph_logits, patch_logits_diff
         "baseline_first_calls_ms": dict(bfc),
         "first_call_compile_ms": (fc["forward_ms"] - bfc["forward_ms"]
                                   if fc.get("forward_ms") is not None and bfc.get("forward_ms") is not None else None),
+        "refused": h.refused,  # why the first call's check refused the graph path (None: served)
         "replaced": dict(h.replaced),
+        "gqa_form": h.forms(),
         "skipped": {op: dict(why) for op, why in h.skipped.items()},
         "calls": {"fused": c["fused"], "fallback": c["fallback"], "reasons": c["reasons"],
                   "per_op": {op: {"fused": v["fused"], "fallback": v["fallback"], "reasons": v["reasons"]}
@@ -192,8 +194,7 @@ def graph_section(base, graph, opt, base_logits, graph_logits, patch_logits_diff
                         "to a baseline run as the opgym side is (baseline first in even rounds), so the baseline's "
                         "medians are over both pairings; ratios: side median / HF eager median (prefill ms; decode "
                         "time per token = HF tokens/s / side tokens/s); first_call_compile_ms: the graph side's "
-                        "first full-logits forward (Dynamo capture, opgym's rewrite and probes, the run) minus HF "
-                        "eager's first one; logits: the warm-up's full-logits forward, every position, bit for bit; "
-                        "tokens: the timed greedy generates. In generate, transformers encodes the image outside "
-                        "the compiled call: the vision tower is served in the forwards, not in generate"),
+                        "first full-logits forward (Dynamo capture, opgym's rewrite and probes, the first-call "
+                        "check's eager forward, the run) minus HF eager's first one; logits: the warm-up's "
+                        "full-logits forward, every position, bit for bit; tokens: the timed greedy generates"),
     }
