@@ -13,45 +13,12 @@ import torch.fx as fx
 
 from .. import ops as _ops_table
 from ..admission import bits_equal, count_differences
-from ..guard import SettingError, Stats, count, summary, switch_on
+from ..guard import SettingError, Stats, summary
 from .cuda_graphs import CudaGraphs
+from .guarded import GuardedRegion
 from .regions import extract, prune, splice
 
 _LOCK = threading.Lock()
-
-
-class GuardedRegion:
-    """What replaces a region in the graph: target(*inputs, *consts), or the region's captured code."""
-
-    def __init__(self, op: str, target, consts: tuple, fallback, counters, check=None):
-        self.op, self.target, self.consts, self.fallback, self.counters = op, target, consts, fallback, counters
-        self.check = check  # (*inputs) -> why this call runs the captured code, or None (a pattern's per-call rule)
-        self.switch = _ops_table.spec(op).switch
-        self.__name__ = f"opgym_{op}"
-
-    def __call__(self, *inputs):
-        if not switch_on(self.switch):
-            reason = f"{self.switch}=0"
-        elif torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
-            reason = f"gradient needed (opgym::{self.op} has no backward)"
-        elif self.check is not None and (reason := self._checked(inputs)) is not None:
-            pass
-        else:
-            try:
-                out = self.target(*inputs, *self.consts)
-            except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
-                reason = f"opgym error: {type(e).__name__}"
-            else:
-                count(self.counters, True)
-                return out
-        count(self.counters, False, reason)
-        return self.fallback(*inputs)
-
-    def _checked(self, inputs):
-        try:
-            return self.check(*inputs)
-        except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
-            return f"opgym error in the check: {type(e).__name__}"
 
 
 class GraphHandle:
