@@ -153,6 +153,16 @@ class Promotion(_Form):
         return q_embed.to(q.dtype), k_embed.to(k.dtype)
 
 
+class TwoCasts(_Form):
+    """ModernBERT-decoder: q cast to float32 twice, once for the product and once for rotate_half's input."""
+
+    def rot(self, q, k, cos, sin):
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        q_embed = (q.float() * c) + (rotate_half(q.float()) * s)
+        k_embed = (k.float() * c) + (rotate_half(k.float()) * s)
+        return q_embed.to(q.dtype), k_embed.to(k.dtype)
+
+
 class LowerRank(_Form):
     """Pixtral's call: tables [S, D] unsqueezed at 0, read against [B, H, S, D] by broadcasting."""
 
@@ -251,6 +261,7 @@ SERVED = {
     "glm-partial-pair-table": (GlmPartialPairTable, torch.bfloat16, R, torch.bfloat16, True, True, 1),
     "partial": (Partial, torch.float16, R, torch.float16, True, True, 1),
     "promotion": (Promotion, torch.bfloat16, D, torch.float32, True, True, 1),
+    "two-casts": (TwoCasts, torch.bfloat16, D, torch.bfloat16, True, True, 1),
     "lower-rank-tables": (LowerRank, torch.bfloat16, D, torch.bfloat16, False, True, 1),
     "halves-pair-table": (Halves, torch.bfloat16, D // 2, torch.bfloat16, True, True, 1),
     "deinterleave": (Deinterleave, torch.bfloat16, D, torch.bfloat16, True, True, 1),
@@ -370,6 +381,16 @@ class PromotionNoCastBack(_Form):
         return (q * c) + (rotate_half(q) * s), (k * c) + (rotate_half(k) * s)
 
 
+class TwoCastsOfAnother(_Form):
+    """TwoCasts with rotate_half reading a cast of another tensor (t * 2): no rotation of t."""
+
+    def rot(self, q, k, cos, sin):
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        q_embed = (q.float() * c) + (rotate_half((q * 2).float()) * s)
+        k_embed = (k.float() * c) + (rotate_half((k * 2).float()) * s)
+        return q_embed.to(q.dtype), k_embed.to(k.dtype)
+
+
 class HalvesWrongOrder(_Form):
     """GPT-OSS's halves concatenated in the other order (second part first)."""
 
@@ -436,6 +457,7 @@ NEAR = {
     "partial-wrong-split": (PartialWrongSplit, torch.bfloat16, R, torch.bfloat16, True, S, 2, _wrong_partial),
     "products-rounded": (ProductsRounded, torch.bfloat16, D, torch.float32, True, S, 0, _wrong_promotion),
     "promotion-no-cast-back": (PromotionNoCastBack, torch.bfloat16, D, torch.float32, True, S, 0, _wrong_promotion),
+    "two-casts-of-another": (TwoCastsOfAnother, torch.bfloat16, D, torch.bfloat16, True, S, 0, _wrong_promotion),
     "halves-wrong-order": (HalvesWrongOrder, torch.bfloat16, D // 2, torch.bfloat16, True, S, 0, _wrong_halves),
     "deinterleave-swapped": (DeinterleaveSwapped, torch.bfloat16, W, torch.bfloat16, True, S, 0, _wrong_deinterleave),
     "tables-broadcast-q": (TablesBroadcastQ, torch.bfloat16, D, torch.bfloat16, False, 1, 0, _wrong_lower_rank),

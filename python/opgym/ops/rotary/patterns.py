@@ -217,6 +217,9 @@ def _rotated(X, Y):
         if t0 is not None:
             return t0, r[1], [X, *r[2]], "t"
         return X, r[1], r[2], ""
+    if r is not None and (t0 := _upcast_of(X)) is not None and _upcast_of(r[0]) is t0:
+        # X and the rotation's input are two casts of one t0 to float32 (ModernBERT-decoder writes q.float() twice)
+        return t0, r[1], [X, r[0], *r[2]], "t"
     inner = _upcast_of(Y)
     t0 = _upcast_of(X)
     if inner is not None and t0 is not None and (r := _rotation(inner)) is not None and r[0] is t0:
