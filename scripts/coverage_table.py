@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     yard = _load(a.yardstick) if a.yardstick else None
     print("| transformers | path | types | built | ran | bit-identical | changed | " + " | ".join(TITLES)
           + " | wall |")
-    print("|" + "---|" * (9 + len(OPS)))
+    print("|" + "---|" * (8 + len(OPS)))
     for _, rep in ([("", yard)] if yard else []) + reps:
         print(row(rep))
     if yard:

@@ -132,6 +132,7 @@ def test_coverage_table_rows_and_shortfalls(tmp_path, capsys):
     graph = report("g.json", "5.24.0", "graph", {"rms_norm": 3, "rotary": 1, "swiglu": 2}, 125)
     assert table.main(["--yardstick", yard, graph]) == 0
     out = capsys.readouterr().out.splitlines()
+    assert out[1].count("---") == out[0].count("|") - 1  # one separator per column
     assert out[2] == "| 5.23.0 | patch | 3 | 3 | 3 | 3 | 0 | 3 | 0 | 2 | 0 | 0 | 0 | 15 s |"
     assert out[3] == "| 5.24.0 | graph | 3 | 3 | 3 | 3 | 0 | 3 | 0 | 1 | 2 | 0 | 0 | 2 min 5 s |"
     assert out[-1] == "5.24.0 graph: fewer types than the yardstick: rotary 1 < 2"
