@@ -687,3 +687,33 @@ def test_rotary_read_by_a_norm_is_served_as_rotary():
         assert torch.equal(model(**inputs).logits, ref(**inputs).logits)
     assert h.replaced["rotary"] == 2 and h.stats()["ops"]["rotary"]["fused"] == 2, h  # one q+k pair a layer
     assert h.stats()["ops"]["rms_norm"]["fused"] >= 4, h  # the q and k norms of both layers among them
+
+
+class _Untraceable(nn.Module):
+    """Code Dynamo refuses to trace (transformers 4.57.6's Mamba and LFM2 caches call mark_static_address)."""
+
+    def forward(self, x):
+        buf = torch.zeros(3)
+        torch._dynamo.mark_static_address(buf)
+        return x * 2 + buf.sum()
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_compiled_call_that_raises_runs_hf_code_and_refuses(verify):
+    x = torch.arange(4.0)
+    mod = _Untraceable()
+    h = graph.compile(mod, verify=verify)
+    with pytest.warns(RuntimeWarning, match="compiled call raised"):
+        assert torch.equal(mod(x), x * 2)
+    assert h.refused and "raised" in h.refused, h.refused
+    assert torch.equal(mod(x), x * 2) and mod._compiled_call_impl is None
+
+
+def test_hf_own_error_is_raised_as_is_and_keeps_the_graph_path():
+    """A call HF's own code rejects raises HF's error, and does not refuse the graph path."""
+    mod = nn.Linear(4, 2)
+    h = graph.compile(mod, verify=False)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        mod(torch.ones(3, 5))
+    assert h.refused is None and mod._compiled_call_impl is not None
+    assert mod(torch.ones(3, 4)).shape == (3, 2)

@@ -246,9 +246,9 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
         m.compile(backend=_backend, dynamic=dynamic, recompile_limit=recompile_limit, isolate_recompiles=True)
         if m is not model:
             handle._towers.append(weakref.ref(m))
-            handle._compiled[id(m)] = _first_call_checked(m, m._compiled_call_impl, handle) if verify else m._compiled_call_impl
+            handle._compiled[id(m)] = _served_call(m, m._compiled_call_impl, handle, verify)
             m._compiled_call_impl = handle._compiled[id(m)]
-    compiled = _first_call_checked(model, model._compiled_call_impl, handle) if verify else model._compiled_call_impl
+    compiled = _served_call(model, model._compiled_call_impl, handle, verify)
     if handle._towers:
         def call(*args, **kwargs):  # the towers back first (after an undo and a restore of this call alone)
             handle._redo_towers()
@@ -297,16 +297,42 @@ def _private_caches(args: tuple, kwargs: dict):
     return tuple(own(a) for a in args), {k: own(v) for k, v in kwargs.items()}
 
 
-def _first_call_checked(module: torch.nn.Module, compiled, handle: GraphHandle):
-    done = []
+def _served_call(module: torch.nn.Module, compiled, handle: GraphHandle, verify: bool):
+    """`compiled` with the first call checked against HF eager (when `verify`), and any call that raises run again
+    as HF's own code: where that runs, the compiled call was the failure (Dynamo cannot trace the code: measured
+    under transformers 4.57.6, Mamba's and LFM2's cache set-up calls mark_static_address, which Dynamo forbids),
+    and the graph path is refused for the model; where it raises too, it is HF's own error, raised as is. A call
+    that failed after some of its graphs had run (a graph break before the failure) is not undone: the rerun
+    starts from what they left (a cache they grew grows again)."""
+    done = [] if verify else [True]
+
+    def after_failure(e, args, kwargs):
+        handle.undo()
+        try:
+            out = module._call_impl(*args, **kwargs)
+        except Exception:
+            handle.redo()
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        handle.refuse(f"{type(module).__name__}'s compiled call raised {type(e).__name__}: {first}; HF's own code "
+                      "ran it")
+        return out
 
     def call(*args, **kwargs):
-        if done or handle.refused or getattr(_VERIFYING, "on", False):
+        if handle.refused:
+            return module._call_impl(*args, **kwargs)
+        if getattr(_VERIFYING, "on", False):  # inside another module's first call: that one decides
             return compiled(*args, **kwargs)
+        if done:
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
+                return after_failure(e, args, kwargs)
         done.append(True)
         eager_args, eager_kwargs = _private_caches(args, kwargs)
         rng = torch.random.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        failed = None
         _VERIFYING.on = True
         try:
             handle.undo()
@@ -317,9 +343,14 @@ def _first_call_checked(module: torch.nn.Module, compiled, handle: GraphHandle):
             torch.random.set_rng_state(rng)
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
-            got = compiled(*args, **kwargs)
+            try:
+                got = compiled(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - HF's own code ran this call: it runs it again, for real
+                failed = e
         finally:
             _VERIFYING.on = False
+        if failed is not None:
+            return after_failure(failed, args, kwargs)
         a, b = _tensors(ref), _tensors(got)
         if len(a) != len(b):
             why = f"its output has {len(b)} tensors where HF eager's has {len(a)}"
