@@ -282,7 +282,7 @@ test-graph-ci: install-python $(TF_NEXT_OVERLAY)/.installed
 
 # The whole zoo (every causal-LM and image-text-to-text type) through the exact graph path under the pinned
 # transformers, TF_NEXT (the overlay) and the oldest opgym checks (VENV_OLD: 4.57.6), held per op against
-# opgym.patch under the pinned release (issue 31: reach by construction, across releases). Reports in
+# opgym.patch under the pinned release (and beside opgym.patch under 4.57.6) (issue 31: reach by construction, across releases). Reports in
 # results/coverage/, the README's table printed last; every run goes on when one fails, and the target then
 # fails (a changed logit or a raising compiled forward). `make test-full` only: about 25 min a run here.
 COVERAGE_OUT := results/coverage
@@ -294,9 +294,11 @@ coverage-graph-full: install-python $(TF_NEXT_OVERLAY)/.installed $(VENV_OLD)/.r
 	PYTHONPATH=python $(PY) -m opgym.cli coverage --quiet --path patch --json $(COVERAGE_OUT)/patch-pinned.json || rc=1; \
 	PYTHONPATH=python $(PY) -m opgym.cli coverage --quiet --path graph --json $(COVERAGE_OUT)/graph-pinned.json || rc=1; \
 	PYTHONPATH=$(TF_NEXT_OVERLAY):python $(PY) -m opgym.cli coverage --quiet --path graph --json $(COVERAGE_OUT)/graph-next.json || rc=1; \
+	PYTHONPATH=python $(VENV_OLD)/bin/python -m opgym.cli coverage --quiet --path patch --json $(COVERAGE_OUT)/patch-old.json || rc=1; \
 	PYTHONPATH=python $(VENV_OLD)/bin/python -m opgym.cli coverage --quiet --path graph --json $(COVERAGE_OUT)/graph-old.json || rc=1; \
 	$(PY) scripts/coverage_table.py --yardstick $(COVERAGE_OUT)/patch-pinned.json \
-	  $(COVERAGE_OUT)/graph-pinned.json $(COVERAGE_OUT)/graph-next.json $(COVERAGE_OUT)/graph-old.json; \
+	  $(COVERAGE_OUT)/graph-pinned.json $(COVERAGE_OUT)/graph-next.json $(COVERAGE_OUT)/patch-old.json \
+	  $(COVERAGE_OUT)/graph-old.json; \
 	exit $$rc
 
 .PHONY: test-graph-next
