@@ -16,6 +16,7 @@ import torch.fx as fx
 from ...admission import Verdicts
 from ...graph import regions
 from ...graph.regions import cast_target, extract, float_const, is_call, only_user, same_bits, val
+from . import text
 
 OP = torch.ops.opgym.attn_softmax.default
 _VERDICTS = Verdicts("attn_softmax graph region")
@@ -167,8 +168,6 @@ def _repeat_kv(x, G: int):
 
 def _why_not(kind: str):
     def check(a, x, *_sizes):
-        from . import text
-
         if a.dim() != 4 or x.dim() != 4 or a.dtype != x.dtype or a.device != x.device or x.shape[1] == 0:
             return "not the grouped form's operands"
         B, H, S = a.shape[0], a.shape[1], a.shape[2]
