@@ -66,6 +66,7 @@ def summarize(report: dict) -> dict:
         "could_not_build": sorted(r["type"] for r in rs if r["status"] == "could not build"),
         "timed_out": sorted(r["type"] for r in rs if r["status"] == "timed out"),
         "refused": sorted(r["type"] for r in rs if r.get("refused")),
+        "islands": sorted(r["type"] for r in rs if r.get("islands")),
         "image_inputs": len([r for r in rs if str(r.get("inputs", "")).startswith("image")]),
         "fused_types_by_op": _types_by_op(rs, "fused"),
         "patched_types_by_op": _types_by_op(rs, "patched"),
@@ -115,7 +116,8 @@ def print_table(report: dict, file=None) -> None:
                   f"{len(s['patch_raised'])} patch raised, {len(s['patched_forward_raised'])} patched forward raised, "
                   f"{len(s['forward_failed'])} forward failed, {len(s['could_not_build'])} could not build, "
                   f"{len(s['timed_out'])} timed out, {len(s.get('refused', []))} refused by the first call's check "
-                  f"{s.get('refused', [])}; "
+                  f"{s.get('refused', [])}, {len(s.get('islands', []))} served around eager islands "
+                  f"{s.get('islands', [])}; "
                   f"{s['image_inputs']} fed images; {report['seconds']} s")
     what = "regions replaced" if report.get("path") == "graph" else "modules patched"
     console.print(f"types per op (path {report.get('path', 'patch')}): fused calls: "

@@ -182,6 +182,10 @@ def _through_graph(model, inputs, ref, result: dict, t0: float) -> dict:
         result["fallback"] = {op: s["reasons"] for op, s in stats.items() if s["fallback"]}
         result["skipped"] = {f"{why} ({op})": n for op, c in handle.skipped.items() for why, n in c.items()}
         result["graphs"] = handle.graphs
+        if handle.islands.why:  # modules run as HF's own code inside the compiled model (graph/islands.py)
+            result["islands"] = dict(handle.islands.why)
+            for cls, why in handle.islands.why.items():
+                result["skipped"][f"eager island {cls}: {why}"] = 1
         if handle.refused:  # the first call's check found the captured program is not HF eager's: nothing served
             result.update(refused=handle.refused, patched={}, fused={}, fallback={})
             result["skipped"][f"graph path refused: {handle.refused}"] = 1

@@ -15,7 +15,9 @@ from .. import ops as _ops_table
 from ..admission import bits_equal, count_differences
 from ..guard import SettingError, Stats, summary
 from .cuda_graphs import CudaGraphs
+from . import islands
 from .guarded import GuardedRegion
+from .islands import Islands
 from .regions import extract, prune, splice
 
 _LOCK = threading.Lock()
@@ -42,6 +44,7 @@ class GraphHandle:
         self._form_stats: dict = {}
         self.cuda_graphs = CudaGraphs(cuda_graphs)
         self.refused: str | None = None  # why the graph path was refused for this model (compile's verify)
+        self.islands = Islands()  # the module classes run as HF's own code inside the compiled model (islands.py)
 
     def stats(self) -> dict:
         return summary(self._stats)
@@ -57,6 +60,14 @@ class GraphHandle:
         for s in (*self._stats.values(), *self._form_stats.values()):
             s.reset()
 
+    def forget(self) -> None:
+        """The graphs, regions and calls counted so far dropped (compile's recompilation after an island)."""
+        self.graphs = 0
+        self.replaced.clear()
+        self.skipped.clear()
+        self.form_regions.clear()
+        self.reset_stats()
+
     def _modules(self, towers_only: bool = False) -> list:
         refs = ([] if towers_only or self._model is None else [self._model]) + self._towers
         return [m for ref in refs if (m := ref()) is not None]
@@ -67,6 +78,7 @@ class GraphHandle:
 
         self.refused = why
         self.undo()
+        self.islands.clear()
         warnings.warn(f"opgym.compile: the model runs HF's own code: {why}", RuntimeWarning, stacklevel=3)
 
     def undo(self) -> None:
@@ -74,12 +86,14 @@ class GraphHandle:
         graphs kept: no recompilation)."""
         for m in self._modules():
             m._compiled_call_impl = None
+        self.islands.remove()
 
     def redo(self) -> None:
         if self.refused:
             return
         for m in self._modules():
             m._compiled_call_impl = self._compiled.get(id(m), m._compiled_call_impl)
+        self.islands.install()
 
     def _redo_towers(self) -> None:
         if self.refused:
@@ -87,6 +101,8 @@ class GraphHandle:
         for m in self._modules(towers_only=True):
             if m._compiled_call_impl is None:
                 m._compiled_call_impl = self._compiled.get(id(m))
+        if self.islands and not self.islands.on:  # the graphs were captured with them
+            self.islands.install()
 
     def __repr__(self) -> str:
         cg = f", cuda_graphs={self.cuda_graphs.as_dict()}" if self.cuda_graphs.enabled else ""
@@ -231,8 +247,9 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
     nothing and says why (`handle.cuda_graphs.off`: "no CUDA tensors").
 
     `verify` (default True): the first call of the model (and of each nested model called on its own) is also
-    run as HF's own code, and the graph path is refused for the model when the two outputs' bits differ (below,
-    "the first call, checked against HF eager"); False skips that one extra eager forward."""
+    run as HF's own code; where the two outputs' bits differ, the module where the programs part runs as HF's
+    own code inside the compiled model (`handle.islands`), or, where none is found, the graph path is refused
+    for the model (below, "the first call, checked against HF eager"); False skips that one extra eager forward."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"opgym.compile: expected a torch.nn.Module, got {type(model).__name__}")
     handle = GraphHandle(model, cuda_graphs=cuda_graphs)
@@ -242,21 +259,31 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
 
     if not isinstance(verify, bool):
         raise SettingError(f"opgym.compile: verify must be True or False, got {verify!r}")
-    for m in [*towers(model), model]:
-        m.compile(backend=_backend, dynamic=dynamic, recompile_limit=recompile_limit, isolate_recompiles=True)
-        if m is not model:
-            handle._towers.append(weakref.ref(m))
-            handle._compiled[id(m)] = _served_call(m, m._compiled_call_impl, handle, verify)
-            m._compiled_call_impl = handle._compiled[id(m)]
-    compiled = _served_call(model, model._compiled_call_impl, handle, verify)
-    if handle._towers:
-        def call(*args, **kwargs):  # the towers back first (after an undo and a restore of this call alone)
-            handle._redo_towers()
-            return compiled(*args, **kwargs)
-        model._compiled_call_impl = call
-    else:
-        model._compiled_call_impl = compiled
-    handle._compiled[id(model)] = model._compiled_call_impl
+    served: dict = {}
+
+    def install():  # each module compiled in a region of its own: a second install (islands) starts afresh
+        for m in [*towers(model), model]:
+            m.compile(backend=_backend, dynamic=dynamic, recompile_limit=recompile_limit, isolate_recompiles=True)
+            if id(m) in served:
+                served[id(m)].compiled = m._compiled_call_impl
+                served[id(m)].done = served[id(m)].done and m is model  # a tower checks its first call again
+            else:
+                served[id(m)] = _Served(m, m._compiled_call_impl, handle, verify, recompile)
+            if m is not model and not any(r() is m for r in handle._towers):
+                handle._towers.append(weakref.ref(m))
+            m._compiled_call_impl = served[id(m)]
+            handle._compiled[id(m)] = served[id(m)]
+        if handle._towers:
+            def call(*args, **kwargs):  # the towers back first (after an undo and a restore of this call alone)
+                handle._redo_towers()
+                return served[id(model)](*args, **kwargs)
+            model._compiled_call_impl = handle._compiled[id(model)] = call
+
+    def recompile():  # after an island is added: what the earlier graphs counted is theirs, not the model's now
+        handle.forget()
+        install()
+
+    install()
     return handle
 
 
@@ -266,11 +293,13 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
 # sequential one in eager, whose bits differ (measured, tiny seeded Jamba, transformers 5.23: 1143 of 4096 logits,
 # with Dynamo's own backend="eager" as with opgym's). No pattern can see that in the graph - it is a different
 # program, made of ordinary ops. So each compiled module's first call (the model's, and a nested model's called on
-# its own, as generate does with a vision tower) runs twice: HF's own code first (the compiled calls taken out;
-# caches among the arguments deep-copied, the RNG state restored after, so the real call sees what it would have),
-# then the compiled call; their outputs' tensors are compared bit for bit. A difference refuses the graph path for
-# the whole handle: the model and its towers run their own code from then on (`handle.refused` says why, and a
-# warning), and this call returns HF eager's output. The check costs one eager forward, once.
+# its own, as generate does with a vision tower) runs twice: HF's own code for real (the compiled calls taken out,
+# so the caches grow as HF grows them), then the compiled call on deep copies of the caches among the arguments,
+# from the same RNG state; their outputs' tensors are compared bit for bit, and the call returns HF's output. A
+# difference first looks for eager islands (islands.py: the module where the programs part runs as HF's code, the
+# model is compiled again and checked again); where none is found, it refuses the graph path for the whole
+# handle: the model and its towers run their own code from then on (`handle.refused` says why, and a warning).
+# The check costs one eager forward, once (and, where the bits differ, two more and a recompilation per island).
 _VERIFYING = threading.local()
 
 
@@ -297,16 +326,20 @@ def _private_caches(args: tuple, kwargs: dict):
     return tuple(own(a) for a in args), {k: own(v) for k, v in kwargs.items()}
 
 
-def _served_call(module: torch.nn.Module, compiled, handle: GraphHandle, verify: bool):
-    """`compiled` with the first call checked against HF eager (when `verify`), and any call that raises run again
-    as HF's own code: where that runs, the compiled call was the failure (Dynamo cannot trace the code: measured
-    under transformers 4.57.6, Mamba's and LFM2's cache set-up calls mark_static_address, which Dynamo forbids),
-    and the graph path is refused for the model; where it raises too, it is HF's own error, raised as is. A call
-    that failed after some of its graphs had run (a graph break before the failure) is not undone: the rerun
-    starts from what they left (a cache they grew grows again)."""
-    done = [] if verify else [True]
+class _Served:
+    """A compiled module's call: `compiled` with the first call checked against HF eager (when `verify`), and any
+    call that raises run again as HF's own code: where that runs, the compiled call was the failure (Dynamo cannot
+    trace the code: measured under transformers 4.57.6, Mamba's and LFM2's cache set-up calls mark_static_address,
+    which Dynamo forbids), and the graph path is refused for the model; where it raises too, it is HF's own error,
+    raised as is. A call that failed after some of its graphs had run (a graph break before the failure) is not
+    undone: the rerun starts from what they left (a cache they grew grows again)."""
 
-    def after_failure(e, args, kwargs):
+    def __init__(self, module: torch.nn.Module, compiled, handle: GraphHandle, verify: bool, recompile):
+        self.module, self.compiled, self.handle, self.recompile = module, compiled, handle, recompile
+        self.done = not verify
+
+    def after_failure(self, e, args, kwargs):
+        handle, module = self.handle, self.module
         handle.undo()
         try:
             out = module._call_impl(*args, **kwargs)
@@ -318,52 +351,114 @@ def _served_call(module: torch.nn.Module, compiled, handle: GraphHandle, verify:
                       "ran it")
         return out
 
-    def call(*args, **kwargs):
+    # Not traced: a call reached from inside another compiled region (the model's, after a graph break at a
+    # tower's call) would have Dynamo compile this Python - the check's eager run among it, as compiled code.
+    @torch._dynamo.disable
+    def __call__(self, *args, **kwargs):
+        handle, module = self.handle, self.module
         if handle.refused:
             return module._call_impl(*args, **kwargs)
         if getattr(_VERIFYING, "on", False):  # inside another module's first call: that one decides
-            return compiled(*args, **kwargs)
-        if done:
+            return self.compiled(*args, **kwargs)
+        if self.done:
             try:
-                return compiled(*args, **kwargs)
+                return self.compiled(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
-                return after_failure(e, args, kwargs)
-        done.append(True)
-        eager_args, eager_kwargs = _private_caches(args, kwargs)
-        rng = torch.random.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        failed = None
+                return self.after_failure(e, args, kwargs)
+        self.done = True
         _VERIFYING.on = True
         try:
-            handle.undo()
-            try:
-                ref = module._call_impl(*eager_args, **eager_kwargs)
-            finally:
-                handle.redo()
-            torch.random.set_rng_state(rng)
-            if cuda_rng is not None:
-                torch.cuda.set_rng_state_all(cuda_rng)
-            try:
-                got = compiled(*args, **kwargs)
-            except Exception as e:  # noqa: BLE001 - HF's own code ran this call: it runs it again, for real
-                failed = e
+            return self._first(args, kwargs)
         finally:
             _VERIFYING.on = False
-        if failed is not None:
-            return after_failure(failed, args, kwargs)
-        a, b = _tensors(ref), _tensors(got)
-        if len(a) != len(b):
-            why = f"its output has {len(b)} tensors where HF eager's has {len(a)}"
-        else:
-            bad = [i for i, (x, y) in enumerate(zip(a, b)) if not bits_equal(x, y)]
-            why = (f"{sum(count_differences(a[i], b[i]) for i in bad)} elements of its output differ from HF eager's "
-                   f"(transformers takes other code under torch.compile here)") if bad else None
-        if why is None:
-            return got
-        handle.refuse(f"{type(module).__name__}'s first call through the graph path: {why}")
+
+    def _first(self, args, kwargs):
+        """HF's own code runs the call for real (the model's caches grow as HF grows them); the compiled call runs
+        on private copies of the caches, from the same RNG state; where their outputs' bits differ, eager islands
+        are tried (islands.py) before the graph path is refused."""
+        handle, module = self.handle, self.module
+        pristine = _private_caches(args, kwargs)
+        rng, cuda_rng = _rng_state()
+        handle.undo()
+        try:
+            ref = module._call_impl(*args, **kwargs)
+        except Exception:
+            handle.redo()
+            raise
+        after = _rng_state()
+        handle.redo()
+        why = None
+        for _ in range(islands.MAX_ISLANDS + 1):
+            _set_rng_state(rng, cuda_rng)
+            try:
+                a, k = _private_caches(*pristine)
+                got = self.compiled(*a, **k)
+            except Exception as e:  # noqa: BLE001 - HF's own code ran this call already
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                why = f"its compiled call raised {type(e).__name__}: {first}; HF's own code ran it"
+                break
+            why = _output_difference(ref, got)
+            if why is None or not self._add_island(pristine, rng, cuda_rng):
+                break
+        _set_rng_state(*after)
+        if why is not None:
+            handle.refuse(f"{type(module).__name__}'s first call through the graph path: {why}")
         return ref
 
-    return call
+    def _add_island(self, pristine, rng, cuda_rng) -> bool:
+        """One more eager island where the compiled program parts from HF eager's, and the model compiled again;
+        False (nothing changed) where none can be found or MAX_ISLANDS are made already."""
+        handle, module = self.handle, self.module
+        if len(handle.islands.why) >= islands.MAX_ISLANDS:
+            return False
+        scratch = GraphHandle(None)
+        diag = torch.compile(module._call_impl, backend=lambda gm, ex: backend(gm, ex, scratch),
+                             isolate_recompiles=True)
+
+        def run(fn):
+            def go():
+                a, k = _private_caches(*pristine)
+                _set_rng_state(rng, cuda_rng)
+                fn(*a, **k)
+            return go
+        handle.undo()
+        handle.islands.install()
+        try:
+            name, why = islands.locate(module, run(module._call_impl), run(diag))
+        except Exception as e:  # noqa: BLE001 - no island then: the graph path is refused
+            name, why = None, f"{type(e).__name__}: {e}"
+        finally:
+            handle.islands.remove()
+            handle.redo()
+        if name is None:
+            handle.islands.not_found = why
+            return False
+        cls = type(module.get_submodule(name))
+        if cls in handle.islands:
+            return False
+        handle.islands.add(module, cls, f"{why} (first seen at {name})")
+        self.recompile()
+        return True
+
+
+def _rng_state() -> tuple:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.random.get_rng_state(), cuda
+
+
+def _set_rng_state(rng, cuda_rng) -> None:
+    torch.random.set_rng_state(rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def _output_difference(ref, got) -> str | None:
+    a, b = _tensors(ref), _tensors(got)
+    if len(a) != len(b):
+        return f"its output has {len(b)} tensors where HF eager's has {len(a)}"
+    bad = [i for i, (x, y) in enumerate(zip(a, b)) if not bits_equal(x, y)]
+    return (f"{sum(count_differences(a[i], b[i]) for i in bad)} elements of its output differ from HF eager's "
+            f"(transformers takes other code under torch.compile here)") if bad else None
 
 
 try:  # torch.compile(model, backend="opgym")

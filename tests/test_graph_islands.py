@@ -1,0 +1,203 @@
+"""Eager islands (opgym/graph/islands.py): where transformers' code takes another branch under torch.compile, the
+first call's check finds the module where the two programs part, runs that module's class as HF's own code, and
+serves the rest of the model through the graph path - instead of refusing the whole model. Jamba's Mamba mixer
+(an associative scan when compiling, a loop in eager) is the case in the zoo."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from opgym import graph
+from opgym.graph import islands
+
+islands_mod = islands
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class _Norm(nn.Module):
+    """Llama's RMSNorm (served by the graph path)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter((1 + 0.3 * torch.randn(d, generator=torch.Generator().manual_seed(3))).to(torch.bfloat16))
+        self.eps = 1e-6
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class _ScanLike(nn.Module):
+    """A sum whose order depends on torch.compile, as Jamba's scan does: pairwise when compiling, left to right in
+    eager (their bf16 bits differ)."""
+
+    def forward(self, x):
+        if torch.compiler.is_compiling():
+            s = (x[..., 0::2] + x[..., 1::2]).sum(-1, keepdim=True)
+        else:
+            s = x[..., :1].clone()
+            for i in range(1, x.shape[-1]):
+                s = s + x[..., i:i + 1]
+        return x + s
+
+
+class _OtherScan(_ScanLike):
+    pass
+
+
+class _Block(nn.Module):
+    def __init__(self, d, mixer=_ScanLike):
+        super().__init__()
+        self.norm, self.mixer = _Norm(d), mixer()
+
+    def forward(self, x):
+        return self.mixer(self.norm(x))
+
+
+class _Net(nn.Module):
+    def __init__(self, d=16, mixers=(_ScanLike, _ScanLike)):
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block(d, m) for m in mixers)
+        self.final = _Norm(d)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.final(x)
+
+
+class _CallerScans(nn.Module):
+    """The caller's own code differs under compile before it calls a child that does not: the child's output
+    differs only because its input does, so the caller is the island."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.norm = _Norm(d)
+
+    def forward(self, x):
+        return self.norm(_ScanLike.forward(None, x))
+
+
+class _Outer(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.pre, self.inner = _Norm(d), _CallerScans(d)
+
+    def forward(self, x):
+        return self.inner(self.pre(x))
+
+
+def _rows(d=16):
+    return (torch.randn(2, 5, d, generator=torch.Generator().manual_seed(5)) * 10).to(torch.bfloat16)
+
+
+def test_the_differing_module_runs_eagerly_and_the_rest_is_served():
+    x = _rows()
+    ref = _Net()
+    net = copy.deepcopy(ref)
+    h = graph.compile(net)
+    with torch.no_grad():
+        want = ref(x)
+        assert torch.equal(net(x), want)
+        assert h.refused is None, h.refused
+        assert list(h.islands.why) == [f"{__name__}._ScanLike"], h.islands.why
+        assert "2 module(s)" in h.islands.why[f"{__name__}._ScanLike"]
+        # the blocks' one graph (a break at the island: the loop's frame is not captured, each block's is) and the
+        # final norm's
+        assert h.replaced["rms_norm"] == 2, h
+        graphs = h.graphs
+        h.reset_stats()
+        assert torch.equal(net(x), want) and h.graphs == graphs  # the second call: the same graphs, HF's bits
+        assert h.stats()["ops"]["rms_norm"]["fused"] == 3, h.stats()  # every norm served around the islands
+        h.undo()  # the model as it was: no forward of opgym's left on the instances
+        assert all("forward" not in m.__dict__ for m in net.modules())
+        h.redo()
+        assert all("forward" in b.mixer.__dict__ for b in net.blocks)
+        assert torch.equal(net(x), want) and h.graphs == graphs
+
+
+def test_without_islands_the_compile_only_branch_changes_the_bits():
+    """The check guards against something real: compiled without the check, the mixers take their compile branch."""
+    x = _rows()
+    net = _Net()
+    want = copy.deepcopy(net)(x)
+    graph.compile(net, verify=False)
+    with torch.no_grad():
+        assert not torch.equal(net(x), want)
+
+
+def test_a_caller_whose_own_code_differs_is_the_island():
+    x = _rows()
+    ref = _Outer()
+    net = copy.deepcopy(ref)
+    h = graph.compile(net)
+    with torch.no_grad():
+        assert torch.equal(net(x), ref(x))
+    assert h.refused is None and list(h.islands.why) == [f"{__name__}._CallerScans"], (h.refused, h.islands.why)
+    assert h.replaced["rms_norm"] == 1, h  # `pre`, outside the island
+
+
+def test_two_classes_become_two_islands_and_the_bound_refuses(monkeypatch):
+    x = _rows()
+    ref = _Net(mixers=(_ScanLike, _OtherScan))
+    net = copy.deepcopy(ref)
+    h = graph.compile(net)
+    with torch.no_grad():
+        assert torch.equal(net(x), ref(x))
+    assert h.refused is None and len(h.islands.why) == 2, h.islands.why
+
+    monkeypatch.setattr(islands_mod, "MAX_ISLANDS", 1)
+    net = copy.deepcopy(ref)
+    h = graph.compile(net)
+    with pytest.warns(RuntimeWarning, match="runs HF's own code"), torch.no_grad():
+        assert torch.equal(net(x), ref(x))
+    assert h.refused and "differ from HF eager's" in h.refused
+    assert not h.islands and all("forward" not in m.__dict__ for m in net.modules())  # refused: nothing left on it
+
+
+def test_the_model_own_code_refuses_and_says_why():
+    x = _rows()
+    h = graph.compile(mod := _ScanLike())
+    with pytest.warns(RuntimeWarning, match="runs HF's own code"), torch.no_grad():
+        assert torch.equal(mod(x), _ScanLike()(x))
+    assert h.refused and "model's own code" in h.islands.not_found, h.islands.not_found
+
+
+def test_an_island_forward_is_bound_to_its_own_module_in_a_deep_copy():
+    """The island's forward is a method of the instance (the class's forward, not traced): a deep copy's is bound to
+    the copy, so it reads the copy's weights."""
+    net = _Net()
+    graph.compile(net)
+    with torch.no_grad():
+        net(_rows())
+    twin = copy.deepcopy(net)
+    assert all(b.mixer.forward.__self__ is b.mixer for b in twin.blocks)
+    assert all(b.mixer.forward.__self__ is not t.mixer for b, t in zip(net.blocks, twin.blocks))
+
+
+def test_jamba_is_served_around_its_mamba_mixers():
+    """transformers' Jamba: its Mamba mixer takes an associative scan under torch.compile (measured: 1143 of 4096
+    logits differ, tiny seeded model). The mixers run as HF's code; the norms, MLPs and attention are served."""
+    pytest.importorskip("transformers")
+    from opgym.coverage import build
+
+    model, ref = build.build("jamba")[0], build.build("jamba")[0]
+    inputs = build.text_inputs(model.config)
+    h = graph.compile(model)
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, ref(**inputs).logits)
+        assert h.refused is None, h.refused
+        assert len(h.islands.why) == 1 and "Mixer" in next(iter(h.islands.why)), h.islands.why
+        assert h.replaced["rms_norm"] >= 1 and h.replaced["swiglu"] >= 1, h
+        assert torch.equal(model.generate(**inputs, max_new_tokens=4, do_sample=False),
+                           ref.generate(**inputs, max_new_tokens=4, do_sample=False))
