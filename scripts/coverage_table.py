@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The README's coverage table from `opgym coverage --json` reports: one row per report (its transformers
 version and path), the model types in which each op ran fused calls, and, against the first report given
-with --yardstick, the ops through which another report fuses in fewer types (a shortfall is printed, not
-fatal: the reports' own exit codes already failed on any changed logit).
+with --yardstick, the ops through which another report fuses in fewer types, and, type by type, where the
+yardstick fuses an op in a type the other report also ran and the other does not (a release with a smaller
+zoo is then compared on the types it has). Shortfalls are printed, not fatal: the reports' own exit codes
+already failed on any changed logit.
 
     scripts/coverage_table.py [--yardstick patch-5.23.0.json] report.json ...
 """
@@ -42,6 +44,21 @@ def shortfalls(rep: dict, yard: dict) -> list[str]:
     return [f"{op} {got.get(op, 0)} < {want[op]}" for op in OPS if got.get(op, 0) < want.get(op, 0)]
 
 
+def type_shortfalls(rep: dict, yard: dict) -> dict:
+    """{op: [type (its status)]}: the types in both reports whose op the yardstick fuses and `rep` does not."""
+    mine = {r["type"]: r for r in rep["results"]}
+    out: dict = {}
+    for r in yard["results"]:
+        other = mine.get(r["type"])
+        if other is None:
+            continue
+        for op in OPS:
+            if (r.get("fused") or {}).get(op) and not (other.get("fused") or {}).get(op):
+                note = "refused" if other.get("refused") else other.get("status", "?")
+                out.setdefault(op, []).append(f"{r['type']} ({note})")
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--yardstick", default=None, help="the report each other one is held against, per op")
@@ -61,6 +78,12 @@ def main(argv=None) -> int:
             label = f"{rep['transformers']} {rep.get('path', 'patch')}"
             print(f"{label}: " + (f"fewer types than the yardstick: {', '.join(short)}" if short
                                   else "at least the yardstick's types for every op"))
+            per_type = type_shortfalls(rep, yard)
+            shared = len({r["type"] for r in rep["results"]} & {r["type"] for r in yard["results"]})
+            print(f"  of the {shared} types in both zoos: " + ("; ".join(f"{op} not in {', '.join(ts)}"
+                                                                   for op, ts in per_type.items())
+                                                          if per_type else "every op the yardstick fuses in a type, "
+                                                          "this fuses too"))
     return 0
 
 

@@ -135,7 +135,8 @@ def test_coverage_table_rows_and_shortfalls(tmp_path, capsys):
     assert out[1].count("---") == out[0].count("|") - 1  # one separator per column
     assert out[2] == "| 5.23.0 | patch | 3 | 3 | 3 | 3 | 0 | 3 | 0 | 2 | 0 | 0 | 0 | 15 s |"
     assert out[3] == "| 5.24.0 | graph | 3 | 3 | 3 | 3 | 0 | 3 | 0 | 1 | 2 | 0 | 0 | 2 min 5 s |"
-    assert out[-1] == "5.24.0 graph: fewer types than the yardstick: rotary 1 < 2"
+    assert out[-2] == "5.24.0 graph: fewer types than the yardstick: rotary 1 < 2"
+    assert out[-1] == "  of the 3 types in both zoos: rotary not in t1 (ran)"  # type by type
     (tmp_path / "partial.json").write_text(json.dumps({"partial": True, "results": []}))
     with pytest.raises(SystemExit, match="not a finished"):
         table.main([str(tmp_path / "partial.json")])
