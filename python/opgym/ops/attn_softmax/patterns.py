@@ -1,6 +1,6 @@
 """The attention core in a captured graph (the exact graph path, opgym/graph): HF eager attention's statements
-between its two matmuls - `w = scores * scaling`, `w = w + mask` (optional), `softmax(w, dim=-1,
-dtype=torch.float32)`, `.to(scores' dtype)` - found by those calls and their arguments (scaling a number, the
+between its two matmuls - `w = scores * scaling` (or `scores / c` with c a power of two: below), `w = w + mask`
+(optional), `softmax(w, dim=-1, dtype=torch.float32)`, `.to(scores' dtype)` - found by those calls and their arguments (scaling a number, the
 softmax over the last dim in float32, the cast back to the scores' dtype), whatever function or class they sit
 in. Admitted by bits: the region, cut out of the graph, against opgym::attn_softmax on random scores of the
 call's rank and dtype at row lengths 1 to 300 (torch's softmax sums in lanes: every tail shape), with a mask of
@@ -34,6 +34,21 @@ def _softmax_last_fp32(node) -> bool:
     return not extra and rank is not None and dim in (-1, rank - 1) and dtype == torch.float32
 
 
+# The scores divided by a number c instead of multiplied by a scaling: opgym::attn_softmax multiplies by 1/c,
+# which rounds as the division does for every input exactly when c is a power of two (x / 2^k and x * 2^-k are
+# the same real number, both rounded once); any other c is left as captured, with the reason. (A probe alone
+# could not decide it: x / c and x * (1/c) differ in float32 for some x, and the cast to bf16 hides most of
+# those, so random scores could agree where a model's would not.)
+_DIVIDES = ("truediv", "div", "true_divide")
+
+
+def _exact_reciprocal(c: float) -> bool:
+    import math
+
+    m, _ = math.frexp(c)
+    return math.isfinite(c) and abs(m) == 0.5
+
+
 def find(graph: fx.Graph) -> list[dict]:
     return _find_core(graph) + _find_grouped(graph)
 
@@ -49,16 +64,26 @@ def _find_core(graph: fx.Graph) -> list[dict]:
         if cast is None or not isinstance(wv, torch.Tensor) or cast_target(cast) != wv.dtype:
             continue
         mask, nodes = None, [sm, cast]
-        if is_call(w, "add") and len(w.args) == 2 and not w.kwargs and isinstance(w.args[1], fx.Node):
+        # the mask added out of place, or in place onto the scaled scores that nothing else reads (StableLM 4.x's
+        # `attn_weights += causal_mask`: the same rounding, into the same fresh tensor)
+        if (len(w.args) == 2 and not w.kwargs and isinstance(w.args[1], fx.Node)
+                and (is_call(w, "add") or (is_call(w, "iadd", "add_") and isinstance(w.args[0], fx.Node)
+                                           and only_user(w.args[0]) is w))):
             mask, nodes = w.args[1], [w] + nodes
             w = w.args[0]
             mv = val(mask)
             if not isinstance(mv, torch.Tensor) or mv.dtype != wv.dtype or mv.dim() != wv.dim():
                 continue
-        if not (is_call(w, "mul") and len(w.args) == 2 and not w.kwargs and isinstance(w.args[0], fx.Node)
+        if not (len(w.args) == 2 and not w.kwargs and isinstance(w.args[0], fx.Node)
                 and float_const(w.args[1]) is not None):
             continue
-        scores, scale = w.args[0], float_const(w.args[1])
+        if is_call(w, "mul"):
+            scores, scale, divisor = w.args[0], float_const(w.args[1]), None
+        elif is_call(w, *_DIVIDES) and float_const(w.args[1]) != 0:  # transformers 4.x: `matmul(q, k.T) / math.sqrt(head_dim)`
+            scores, divisor = w.args[0], float_const(w.args[1])
+            scale = 1.0 / divisor
+        else:
+            continue
         sv = val(scores)
         if not isinstance(sv, torch.Tensor) or sv.dtype != wv.dtype:
             continue
@@ -70,7 +95,7 @@ def _find_core(graph: fx.Graph) -> list[dict]:
             except (TypeError, ValueError):
                 continue
         inputs = [scores] + ([mask] if mask is not None else [])
-        out.append({"inputs": inputs, "nodes": nodes, "output": cast, "scale": scale,
+        out.append({"inputs": inputs, "nodes": nodes, "output": cast, "scale": scale, "divisor": divisor,
                     "signature": (sv.dtype, sv.dim(), scale, mshape)})
     return out
 
@@ -210,6 +235,10 @@ def admit(region: dict):
     is admitted as a form: which calls it serves, the GQA probe decides per call signature (_why_not)."""
     if region.get("kind") in ("scores", "output"):
         return True, None
+    c = region.get("divisor")
+    if c is not None and not _exact_reciprocal(c):
+        return None, (f"the scores are divided by {c:g}, not a power of two: opgym::attn_softmax multiplies by a "
+                      "scale, and x / c is not x * (1/c) for every x")
     return regions.admit(_VERDICTS, region, _probe)
 
 
