@@ -203,7 +203,8 @@ def test_pieces_that_are_not_one_tensor_at_run_time_run_the_captured_code(monkey
 def test_tiny_qwen2_5_vl_windows_served_logits_hf():
     """The tiny Qwen2.5-VL on a 224x224 page (4 windows of 64 patches in its windowed block): the block's
     windows as one attn_windows call, logits HF eager's bits, nothing run as fallback. The full-attention block
-    (one window, its graph dynamic after the recompile) keeps its per-window core region."""
+    (one window) keeps its core region. Then a 336x224 page (6 windows): Dynamo recompiles the block's graph
+    with the windows' lengths symbolic, and the form serves that graph too (lengths and probe per call)."""
     from conftest import tiny_qwen25vl
 
     (m, inputs), (ref, _) = tiny_qwen25vl(page=(224, 224)), tiny_qwen25vl(page=(224, 224))
@@ -214,3 +215,9 @@ def test_tiny_qwen2_5_vl_windows_served_logits_hf():
     forms, st = h.forms(), h.stats()
     win = forms["ops"][WINDOWS]
     assert win["fused"] == 1 and win["fallback"] == 0 and st["fallback"] == 0, (forms, st)
+    _, wide = tiny_qwen25vl(page=(336, 224))
+    h.reset_stats()
+    with torch.no_grad():
+        assert torch.equal(m(**wide).logits, ref(**wide).logits)
+    win, st = h.forms()["ops"][WINDOWS], h.stats()
+    assert win["fused"] >= 1 and win["fallback"] == 0 and st["fallback"] == 0, (win, st)

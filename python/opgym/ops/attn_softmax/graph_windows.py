@@ -13,13 +13,16 @@ arguments alone:
 
 with n >= 2 windows, one scale s, each step read only by the next, q_i/k_i [1, H, L_i, D] and v_i [1, H, L_i, Dv]
 of one dtype, and - from the example values Dynamo recorded - the pieces of each of q, k, v consecutive windows
-of one tensor along dim 2 (one storage, equal strides, each piece starting where the previous one ends). It is
-replaced by attn_windows(q, k, v, s, cu_seqlens) over the whole tensors (views of the pieces' memory, no copy;
-cu_seqlens from the windows' lengths), where:
+of one tensor along dim 2 (one storage, equal strides, each piece starting where the previous one ends; a graph
+Dynamo recompiled with the lengths symbolic - a second page size - gives each offset a symbol of its own, so
+there only the storage is checked here, the rest per call). It is replaced by attn_windows(q, k, v, s,
+cu_seqlens) over the whole tensors (views of the pieces' memory, no copy; cu_seqlens from the call's lengths,
+one tensor per set of lengths), where:
 
 - admitted by bits: the region cut out of the graph against that call, on random q, k, v laid out as the call's
-  (strides and storage offsets), split into the call's windows; once per signature and environment (threads, CPU
-  capability: torch's GEMM blocking), re-decided at each call (a thread count set after compiling probes again);
+  (strides and storage offsets), split into the call's windows; once per signature (dtype, lengths, heads, head
+  dims, scale, layout) and environment (threads, CPU capability: torch's GEMM blocking), re-decided at each
+  call (new lengths in a symbolic graph, or a thread count set after compiling, probe again);
 - per call: the pieces must be those windows in memory (data pointers and strides; Dynamo's guards check shapes
   and strides, not that inputs alias), else the region's captured code runs (counted, with the reason).
 
@@ -89,24 +92,40 @@ def _window(node, softmax_ok):
     return q, kt.args[0], v, float_const(mul.args[1]), [kt, ms, mul, sm, cast, *tail, mo, t, c]
 
 
-def _static(v) -> bool:
-    return isinstance(v, torch.Tensor) and all(type(d) is int for d in (*v.shape, *v.stride(), v.storage_offset()))
+def _hint(x):
+    """An int size or stride as is; a symbolic one (a graph Dynamo made dynamic) as the value it was captured at,
+    or None."""
+    if type(x) is int:
+        return x
+    hint = getattr(getattr(x, "node", None), "hint", None)
+    return hint if type(hint) is int else None
+
+
+def _hinted(v) -> bool:
+    return isinstance(v, torch.Tensor) and all(_hint(d) is not None for d in (*v.shape, *v.stride(), v.storage_offset()))
 
 
 def _consecutive(pieces: list) -> bool:
-    """The example values are consecutive windows along dim 2 of one tensor: one storage, equal strides, each
-    piece's storage offset where the previous one ends."""
+    """The example values are windows of one tensor: one storage, equal strides, and - where the sizes are ints -
+    each piece's storage offset where the previous one ends (with symbolic sizes each offset is a symbol of its
+    own, so only the call can tell: the per-call check)."""
     first = pieces[0]
     try:
         store = first.untyped_storage()._cdata
+        static = all(type(d) is int for p in pieces for d in (*p.shape, *p.stride(), p.storage_offset()))
         off = first.storage_offset()
         for p in pieces:
-            if p.untyped_storage()._cdata != store or p.stride() != first.stride() or p.storage_offset() != off:
+            if p.untyped_storage()._cdata != store or (static and (p.stride() != first.stride() or
+                                                                   p.storage_offset() != off)):
                 return False
-            off += p.shape[2] * p.stride(2)
+            off = off + p.shape[2] * p.stride(2) if static else off
     except Exception:  # noqa: BLE001 - a value without a storage: not the pattern
         return False
     return True
+
+
+def _signature(dtype, lengths, H, D, Dv, scale, layout) -> tuple:
+    return (FORM, dtype, "cpu", tuple(lengths), H, D, Dv, scale, layout)
 
 
 def find(graph: fx.Graph, softmax_ok) -> list[dict]:
@@ -124,22 +143,23 @@ def find(graph: fx.Graph, softmax_ok) -> list[dict]:
         if any(w is None for w in wins) or len({w[3] for w in wins}) != 1:
             continue
         qs, ks, vs = ([val(w[j]) for w in wins] for j in range(3))
-        if not all(_static(x) for x in (*qs, *ks, *vs)) or dim not in (1, -3):
+        if not all(_hinted(x) for x in (*qs, *ks, *vs)) or dim not in (1, -3):
             continue
         q0, v0 = qs[0], vs[0]
-        if not (q0.dim() == 4 and q0.shape[0] == 1 and q0.is_floating_point()
-                and all(x.dim() == 4 and x.dtype == q0.dtype and x.device == q0.device for x in (*qs, *ks, *vs))
-                and all(q.shape == k.shape and q.shape[1] == q0.shape[1] and q.shape[3] == q0.shape[3] and q.shape[2] > 0
-                        and v.shape[:3] == q.shape[:3] and v.shape[3] == v0.shape[3] for q, k, v in zip(qs, ks, vs))
+        H, D, Dv = (_hint(q0.shape[1]), _hint(q0.shape[3]), _hint(v0.shape[3])) if q0.dim() == v0.dim() == 4 else [0] * 3
+        if not (H and D and Dv and q0.is_floating_point()
+                and all(x.dim() == 4 and _hint(x.shape[0]) == 1 and x.dtype == q0.dtype and x.device == q0.device
+                        for x in (*qs, *ks, *vs))
+                and all([_hint(d) for d in q.shape] == [_hint(d) for d in k.shape] == [1, H, _hint(q.shape[2]), D]
+                        and [_hint(d) for d in v.shape] == [1, H, _hint(q.shape[2]), Dv] and _hint(q.shape[2]) > 0
+                        for q, k, v in zip(qs, ks, vs))
                 and all(_consecutive(p) for p in (qs, ks, vs))):
             continue
         nodes = sorted([n for w in wins for n in w[4]] + [cat], key=order.__getitem__)
-        lengths = tuple(q.shape[2] for q in qs)
-        layout = tuple((x.stride(), x.storage_offset()) for x in (q0, ks[0], v0))
+        layout = tuple((tuple(map(_hint, x.stride())), _hint(x.storage_offset())) for x in (q0, ks[0], v0))
         out.append({"kind": FORM, "counted_as": FORM, "inputs": [n for w in wins for n in w[:3]], "nodes": nodes,
-                    "output": cat, "scale": wins[0][3], "lengths": lengths,
-                    "signature": (FORM, q0.dtype, q0.device.type, lengths, q0.shape[1], q0.shape[3], v0.shape[3],
-                                  wins[0][3], layout)})
+                    "output": cat, "scale": wins[0][3],
+                    "signature": _signature(q0.dtype, [_hint(q.shape[2]) for q in qs], H, D, Dv, wins[0][3], layout)})
     return out
 
 
@@ -169,43 +189,55 @@ def _probe(sig, fn, target) -> tuple:
     return (True, None) if ok else (None, f"opgym::attn_windows does not give the windows' bits ({why})")
 
 
-def _target(region: dict):
-    """attn_windows over the pieces' whole tensors: views of their memory from the first piece of each."""
-    lengths = region["lengths"]
-    P = sum(lengths)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
-    scale = float(region["scale"])
+def _target(scale: float):
+    """attn_windows over the pieces' whole tensors (views of their memory from the first piece of each), with
+    cu_seqlens from the pieces' lengths (one tensor per set of lengths)."""
+    scale, cus = float(scale), {}
 
-    def whole(p):
+    def whole(p, P):
         return p.as_strided((p.shape[0], p.shape[1], P, p.shape[3]), p.stride(), p.storage_offset())
 
     def windows(*qkv):
-        return OP(whole(qkv[0]), whole(qkv[1]), whole(qkv[2]), scale, cu)
+        lengths = tuple(p.shape[2] for p in qkv[0::3])
+        cu = cus.get(lengths)
+        if cu is None:
+            cu = cus[lengths] = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+            if len(cus) > 64:
+                cus.clear()
+        P = sum(lengths)
+        return OP(whole(qkv[0], P), whole(qkv[1], P), whole(qkv[2], P), scale, cu)
     return windows
 
 
 def admit(region: dict):
     fn = extract(region["inputs"], region["output"], region["nodes"])
-    return regions.admit(_VERDICTS, region, lambda r: _probe(r["signature"], fn, _target(r)))
+    return regions.admit(_VERDICTS, region, lambda r: _probe(r["signature"], fn, _target(r["scale"])))
 
 
 def replacement(region: dict, _verdict) -> tuple:
     """(target, (), per-call check): the check says why a call runs the region's captured code instead."""
-    sig, lengths = region["signature"], region["lengths"]
-    target = _target(region)
+    scale = region["scale"]
+    target = _target(scale)
     fn = extract(region["inputs"], region["output"], region["nodes"])
 
     def check(*qkv):
-        if qkv[0].device.type != "cpu":
+        q0, k0, v0 = qkv[:3]
+        if q0.device.type != "cpu":
             return "not on the CPU (the probe ran there)"
-        for j in range(3):
+        lengths = [p.shape[2] for p in qkv[0::3]]
+        H, D, Dv = q0.shape[1], q0.shape[3], v0.shape[3]
+        for j, d in enumerate((D, D, Dv)):
             pieces = qkv[j::3]
             first = pieces[0]
             step, at = first.stride(2) * first.element_size(), first.data_ptr()
             for p, n in zip(pieces, lengths):
-                if p.shape[2] != n or p.stride() != first.stride() or p.data_ptr() != at:
+                if p.shape != (1, H, n, d):
+                    return "the windows' q, k and v shapes differ"
+                if p.stride() != first.stride() or p.data_ptr() != at or p.dtype != q0.dtype:
                     return "the windows are not consecutive pieces of one tensor along the patch dim"
                 at += n * step
+        layout = tuple((x.stride(), x.storage_offset()) for x in (q0, k0, v0))
+        sig = _signature(q0.dtype, lengths, H, D, Dv, scale, layout)
         got = _VERDICTS.decide(sig, lambda: _probe(sig, fn, target), device="cpu", in_backend=True)
         if isinstance(got, Failed):
             return f"the windows probe raised ({got.reason})"
