@@ -147,7 +147,7 @@ def find(graph: fx.Graph, softmax_ok) -> list[dict]:
             continue
         q0, v0 = qs[0], vs[0]
         H, D, Dv = (_hint(q0.shape[1]), _hint(q0.shape[3]), _hint(v0.shape[3])) if q0.dim() == v0.dim() == 4 else [0] * 3
-        if not (H and D and Dv and q0.is_floating_point()
+        if not (H and D and Dv and q0.is_floating_point() and q0.device.type == "cpu"  # attn_windows: CPU only
                 and all(x.dim() == 4 and _hint(x.shape[0]) == 1 and x.dtype == q0.dtype and x.device == q0.device
                         for x in (*qs, *ks, *vs))
                 and all([_hint(d) for d in q.shape] == [_hint(d) for d in k.shape] == [1, H, _hint(q.shape[2]), D]
