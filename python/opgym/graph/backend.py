@@ -157,6 +157,8 @@ def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule
             handle.skipped[op][f"opgym error in the pattern: {type(e).__name__}: {e}"] += 1
             continue
         for region in found:
+            if any(getattr(n, "_erased", False) for n in region["nodes"]):
+                continue  # taken by an earlier region of this op (attn_softmax's windows hold their cores)
             try:
                 verdict, why = pat.admit(region)
             except Exception as e:  # noqa: BLE001 - a candidate that cannot be probed stays as captured

@@ -7,7 +7,11 @@ call's rank and dtype at row lengths 1 to 300 (torch's softmax sums in lanes: ev
 the call's broadcast shape holding 0 and finfo.min; replaced only when they agree.
 
 With grouped-query attention, the two matmuls around it read repeat_kv's copies of K and V; each is also a region
-(below, "grouped-query attention"), served without the copies where opgym's GQA probe allows, call by call."""
+(below, "grouped-query attention"), served without the copies where opgym's GQA probe allows, call by call.
+
+Windowed attention (a vision tower's per-window cores concatenated along the patch dim) is one region for all
+windows, opgym::attn_windows (graph_windows.py); find() lists those regions before the cores, which stay to be
+served one by one where the windows region is not admitted."""
 from __future__ import annotations
 
 import torch
@@ -16,7 +20,7 @@ import torch.fx as fx
 from ...admission import Verdicts
 from ...graph import regions
 from ...graph.regions import cast_target, extract, float_const, is_call, only_user, same_bits, val
-from . import text
+from . import graph_windows, text
 
 OP = torch.ops.opgym.attn_softmax.default
 _VERDICTS = Verdicts("attn_softmax graph region")
@@ -50,7 +54,8 @@ def _exact_reciprocal(c: float) -> bool:
 
 
 def find(graph: fx.Graph) -> list[dict]:
-    return _find_core(graph) + _find_grouped(graph)
+    # the windows regions first: each holds its windows' cores (backend.rewrite skips a core it took)
+    return graph_windows.find(graph, _softmax_last_fp32) + _find_core(graph) + _find_grouped(graph)
 
 
 def _find_core(graph: fx.Graph) -> list[dict]:
@@ -235,6 +240,8 @@ def admit(region: dict):
     is admitted as a form: which calls it serves, the GQA probe decides per call signature (_why_not)."""
     if region.get("kind") in ("scores", "output"):
         return True, None
+    if region.get("kind") == graph_windows.FORM:
+        return graph_windows.admit(region)
     c = region.get("divisor")
     if c is not None and not _exact_reciprocal(c):
         return None, (f"the scores are divided by {c:g}, not a power of two: opgym::attn_softmax multiplies by a "
@@ -242,7 +249,9 @@ def admit(region: dict):
     return regions.admit(_VERDICTS, region, _probe)
 
 
-def replacement(region: dict, _verdict) -> tuple:
+def replacement(region: dict, verdict) -> tuple:
+    if region.get("kind") == graph_windows.FORM:
+        return graph_windows.replacement(region, verdict)
     if region.get("kind") == "scores":
         return _scores_grouped, (), _why_not("scores")
     if region.get("kind") == "output":
