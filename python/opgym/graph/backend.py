@@ -150,6 +150,7 @@ def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule
     """Every op's patterns over one graph (in the op table's order); returns gm, recompiled."""
     graph = gm.graph
     moved: dict = {}  # a replaced region's output -> the node that took over its uses (a later region's input)
+    taken: set = set()  # the nodes the regions replaced so far took out of the graph
     for op, pat in _ordered(_ops_table.OPS if ops is None else ops):
         try:
             found = pat.find(graph)
@@ -157,8 +158,8 @@ def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule
             handle.skipped[op][f"opgym error in the pattern: {type(e).__name__}: {e}"] += 1
             continue
         for region in found:
-            if any(getattr(n, "_erased", False) for n in region["nodes"]):
-                continue  # taken by an earlier region of this op (attn_softmax's windows hold their cores)
+            if any(n in taken for n in region["nodes"]):
+                continue  # an earlier region took them (attn_softmax's windows hold their cores)
             try:
                 verdict, why = pat.admit(region)
             except Exception as e:  # noqa: BLE001 - a candidate that cannot be probed stays as captured
@@ -178,7 +179,7 @@ def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule
                 moved.update(pat.splice_region(graph, region, call) or {})
             else:
                 moved[region["output"]] = splice(graph, region["output"], call, tuple(region["inputs"]))
-            prune(graph, region["nodes"])
+            taken |= prune(graph, region["nodes"])
             (handle.form_regions if form else handle.replaced)[key] += 1
     gm.recompile()
     return gm

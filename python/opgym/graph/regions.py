@@ -128,10 +128,13 @@ def splice(graph: fx.Graph, output: fx.Node, target, args: tuple, kwargs: dict |
     return new
 
 
-def prune(graph: fx.Graph, nodes: list[fx.Node]) -> None:
-    """Removes the replaced region's own nodes that no longer have users, last first. Only those: FX's
-    eliminate_dead_code would also drop a captured in-place call whose result is unused (an MoE's
+def prune(graph: fx.Graph, nodes: list[fx.Node]) -> set:
+    """Removes the replaced region's own nodes that no longer have users, last first; returns them. Only those:
+    FX's eliminate_dead_code would also drop a captured in-place call whose result is unused (an MoE's
     `out.index_add_(...)`), changing the model (it did: DeepSeek-V2/V3/V4 in the Liger list)."""
+    gone = set()
     for n in reversed(nodes):
         if n.graph is graph and not n.users and n.op in ("call_function", "call_method"):
             graph.erase_node(n)
+            gone.add(n)
+    return gone
