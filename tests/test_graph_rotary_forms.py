@@ -533,3 +533,16 @@ def test_switch_off_runs_the_captured_code(monkeypatch):
     st = h.stats()["ops"]["rotary"]
     assert st["fused"] == 0 and st["fallback"] == 1, st
     assert st["reasons"] == {"OPGYM_ROTARY=0": 1}, st
+
+
+def test_tables_whose_last_dim_is_not_dense():
+    """GPT-OSS under transformers 4.57.6: freqs computed as a transposed matmul, and the cos, the scaling and the
+    cast keep that layout - the tables' last dim has a stride of S. Served (the call copies them to rows), the bits
+    the module's."""
+    q, k = _qk(torch.bfloat16)
+    cos, sin = _tables(D // 2, torch.bfloat16)
+    cos, sin = (t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (cos, sin))
+    assert cos.stride(-1) != 1
+    want, got, h = _compile_and_run(Halves(), q, k, cos, sin)
+    assert _same(got, want)
+    assert h.replaced["rotary"] == 1 and not h.skipped.get("rotary"), h

@@ -319,7 +319,7 @@ def _member(core: dict):
     cb, sb = _tensor(cc["base"]), _tensor(sc["base"])
     if cb is None or sb is None or cb.dtype != sb.dtype or cb.dtype not in _SERVED or not _same_shape(cb, sb):
         return None
-    if cb.dim() < 1 or _static(cb.stride()[-1]) != 1 or _static(sb.stride()[-1]) != 1:
+    if cb.dim() < 1:
         return None
     pair_table = twopart or cc["repeat"]
     # the rounding
@@ -530,7 +530,10 @@ def _table(t, views, r: int, ud: int):
         t = t.unsqueeze(a) if kind == "unsqueeze" else t[..., :a]
     if t.dim() < r:
         t = t[(None,) * (r - t.dim())]
-    return t.squeeze(ud)
+    t = t.squeeze(ud)
+    # a table whose last dim is not dense (GPT-OSS under 4.57.6 computes freqs as a transposed matmul, and the
+    # cos, the scaling and the cast keep that layout): the op reads rows, so the values are copied to rows
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
 def _pair(q, k, cos, sin, views, r, ud, mode, pairs, pair_table, contiguous):
