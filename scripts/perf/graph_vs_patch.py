@@ -4,7 +4,7 @@ seeded weights), three models in one process, sides interleaved: prefill (one fo
 logits of the last position) and decode (per token: a generate of 1 + N tokens minus one of 1 token, over N).
 Medians and minimums of the rounds; with --profile, torch.profiler's top ops of one prefill per opgym side.
 
-    PYTHONPATH=python .venv/bin/python scripts/perf/graph_vs_patch.py [--layers 4] [--rounds 7] [--tokens 16]
+    PYTHONPATH=python .venv/bin/python scripts/perf/graph_vs_patch.py [--layers 4] [--rounds 7] [--tokens 16] [--threads N]
 """
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--tokens", type=int, default=16, help="decode tokens per timed generate")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore")
     cfg = models.qwen2_5_vl_3b_config(a.layers, a.layers)
     inp = models.make_inputs(cfg, image=models.synthetic_page(448, 448), prompt=None)
