@@ -201,3 +201,17 @@ def test_jamba_is_served_around_its_mamba_mixers():
         assert h.replaced["rms_norm"] >= 1 and h.replaced["swiglu"] >= 1, h
         assert torch.equal(model.generate(**inputs, max_new_tokens=4, do_sample=False),
                            ref.generate(**inputs, max_new_tokens=4, do_sample=False))
+
+
+def test_a_first_call_hf_rejects_leaves_the_next_call_to_be_checked():
+    """HF's own error on the first call is raised as is; the check then runs on the next call (it would refuse a
+    program that differs under compile - the mixer here - rather than let it run unchecked)."""
+    net = _Net()
+    ref = copy.deepcopy(net)
+    h = graph.compile(net)
+    with pytest.raises(RuntimeError), torch.no_grad():
+        net(torch.ones(2, 5, 7, dtype=torch.bfloat16))  # the norms' weights are 16 wide
+    x = _rows()
+    with torch.no_grad():
+        assert torch.equal(net(x), ref(x))
+    assert h.refused is None and list(h.islands.why) == [f"{__name__}._ScanLike"], (h.refused, h.islands.why)

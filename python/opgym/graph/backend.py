@@ -372,6 +372,9 @@ class _Served:
         _VERIFYING.on = True
         try:
             return self._first(args, kwargs)
+        except Exception:  # HF's own code raised (its error, as is): the next call is the first one checked
+            self.done = False
+            raise
         finally:
             _VERIFYING.on = False
 
