@@ -786,3 +786,39 @@ def test_mask_added_in_place(cls, served):
     h = graph.compile(mod)
     assert torch.equal(mod(q, k, v, m), cls(16)(q, k, v, m))
     assert h.replaced["attn_softmax"] == int(served), h
+
+
+class _Fp32WeightCastOnce(nn.Module):
+    """DeepSeek-V4's RMSNorm under transformers 5.24: the weight kept in float32 on a bf16 stream, the product in
+    float32, one cast back at the end."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.3 * torch.randn(d, generator=torch.Generator().manual_seed(6)))
+        self.eps = 1e-6
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * h).to(x.dtype)
+
+
+class _Fp32WeightNoUpcast(_Fp32WeightCastOnce):
+    """A near miss: the same float32 weight and final cast, but the norm computed in bf16 (no upcast of x): no
+    variant of opgym gives these bits, so the probe leaves it as captured."""
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * h).to(x.dtype)
+
+
+@pytest.mark.parametrize("cls, served", [(_Fp32WeightCastOnce, True), (_Fp32WeightNoUpcast, False)])
+def test_float32_weight_on_a_bf16_stream_cast_once(cls, served):
+    x = (torch.randn(5, 64, generator=torch.Generator().manual_seed(2)) * 3).to(torch.bfloat16)
+    mod = cls(64)
+    want = cls(64)(x)
+    h = graph.compile(mod)
+    with torch.no_grad():
+        got = mod(x)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert h.replaced["rms_norm"] == int(served), h

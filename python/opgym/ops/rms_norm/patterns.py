@@ -137,8 +137,11 @@ def find(graph: fx.Graph) -> list[dict]:
         nodes = sorted(set(nodes), key=order.__getitem__)
         sig = tuple(f"{n.op}:{n.target}:{[a for a in n.args if not isinstance(a, fx.Node)]}:{sorted(n.kwargs.items(), key=str)}"
                     for n in nodes)
+        ov = val(cur)
+        if not isinstance(ov, torch.Tensor):
+            continue
         out.append({"x": x, "weight": weight, "inputs": [x, weight], "eps": eps, "nodes": nodes, "output": cur, "dim": dim,
-                    "signature": (sig, xv.dtype, val(weight).dtype)})
+                    "out_dtype": ov.dtype, "signature": (sig, xv.dtype, val(weight).dtype, ov.dtype)})
     return out
 
 
@@ -153,7 +156,7 @@ def _probe(region: dict):
     matching = []
     for v in VARIANTS:
         def ours(x_, w_, v=v):
-            return OP(x_, w_, eps, v.mode, v.weight_offset)
+            return _norm(x_, w_, eps, v.mode, v.weight_offset, region["out_dtype"])
         ok, _ = same_bits(fn, ours, [(x, w) for w in weights])
         if ok:
             matching.append(v)
@@ -172,4 +175,18 @@ def admit(region: dict):
 
 def replacement(region: dict, variant) -> tuple:
     """(target, constants): the region becomes target(x, weight, *constants)."""
-    return OP, (region["eps"], variant.mode, variant.weight_offset)
+    if region["out_dtype"] == _op_dtype(val(region["x"]).dtype, val(region["weight"]).dtype):
+        return OP, (region["eps"], variant.mode, variant.weight_offset)
+    return _norm, (region["eps"], variant.mode, variant.weight_offset, region["out_dtype"])
+
+
+def _op_dtype(x_dtype, w_dtype):
+    return torch.promote_types(x_dtype, w_dtype)
+
+
+def _norm(x, w, eps, mode, offset, out_dtype):
+    """The op, its output cast to the region's where the region ends in a cast to another dtype than the op writes:
+    DeepSeek-V4 (transformers 5.24) keeps the weight in float32 on a bf16 stream and casts once at the end,
+    `(weight * h).to(input_dtype)` - the op's float32 output is that product, the cast the region's own."""
+    y = OP(x, w, eps, mode, offset)
+    return y if y.dtype == out_dtype else y.to(out_dtype)
