@@ -13,8 +13,6 @@ from torch import nn
 from opgym import graph
 from opgym.graph import islands
 
-islands_mod = islands
-
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
@@ -156,7 +154,7 @@ def test_two_classes_become_two_islands_and_the_bound_refuses(monkeypatch):
         assert torch.equal(net(x), ref(x))
     assert h.refused is None and len(h.islands.why) == 2, h.islands.why
 
-    monkeypatch.setattr(islands_mod, "MAX_ISLANDS", 1)
+    monkeypatch.setattr(islands, "MAX_ISLANDS", 1)
     net = copy.deepcopy(ref)
     h = graph.compile(net)
     with pytest.warns(RuntimeWarning, match="runs HF's own code"), torch.no_grad():

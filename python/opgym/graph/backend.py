@@ -17,7 +17,7 @@ from ..guard import SettingError, Stats, summary
 from .cuda_graphs import CudaGraphs
 from . import islands
 from .guarded import GuardedRegion
-from .islands import Islands
+from .islands import Islands, tensors_of
 from .regions import extract, prune, splice
 
 _LOCK = threading.Lock()
@@ -306,17 +306,6 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
 _VERIFYING = threading.local()
 
 
-def _tensors(out) -> list:
-    """The tensors of a call's output (a ModelOutput, a dict, tuples and lists of them), caches left out."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):  # ModelOutput too
-        return [t for v in out.values() for t in _tensors(v)]
-    if isinstance(out, (tuple, list)):
-        return [t for v in out for t in _tensors(v)]
-    return []
-
-
 def _private_caches(args: tuple, kwargs: dict):
     """args and kwargs with every transformers Cache deep-copied (the eager run must not grow the real one)."""
     tf = sys.modules.get("transformers")
@@ -349,9 +338,7 @@ class _Served:
         except Exception:
             handle.redo()
             raise
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        handle.refuse(f"{type(module).__name__}'s compiled call raised {type(e).__name__}: {first}; HF's own code "
-                      "ran it")
+        handle.refuse(f"{type(module).__name__}'s compiled call raised {_said(e)}; HF's own code ran it")
         return out
 
     # Not traced: a call reached from inside another compiled region (the model's, after a graph break at a
@@ -400,8 +387,7 @@ class _Served:
                 a, k = _private_caches(*pristine)
                 got = self.compiled(*a, **k)
             except Exception as e:  # noqa: BLE001 - HF's own code ran this call already
-                first = (str(e).strip().splitlines() or [""])[0][:200]
-                why = f"its compiled call raised {type(e).__name__}: {first}; HF's own code ran it"
+                why = f"its compiled call raised {_said(e)}; HF's own code ran it"
                 break
             why = _output_difference(ref, got)
             if why is None or not self._add_island(pristine, rng, cuda_rng):
@@ -447,6 +433,11 @@ class _Served:
         return True
 
 
+def _said(e: Exception) -> str:
+    """An exception's type and the first line of its message (200 characters at most)."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
 def _rng_state() -> tuple:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return torch.random.get_rng_state(), cuda
@@ -459,7 +450,7 @@ def _set_rng_state(rng, cuda_rng) -> None:
 
 
 def _output_difference(ref, got) -> str | None:
-    a, b = _tensors(ref), _tensors(got)
+    a, b = tensors_of(ref), tensors_of(got)
     if len(a) != len(b):
         return f"its output has {len(b)} tensors where HF eager's has {len(a)}"
     bad = [i for i, (x, y) in enumerate(zip(a, b)) if not bits_equal(x, y)]

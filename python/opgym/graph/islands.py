@@ -32,13 +32,15 @@ from ..admission import bits_equal
 MAX_ISLANDS = 4  # module classes made eager before the graph path gives up on a model
 
 
-def _tensors(out) -> list:
+def tensors_of(out) -> list:
+    """The tensors of a call's output or arguments (a ModelOutput, a dict, tuples and lists of them), caches left
+    out."""
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, dict):
-        return [t for v in out.values() for t in _tensors(v)]
+        return [t for v in out.values() for t in tensors_of(v)]
     if isinstance(out, (tuple, list)):
-        return [t for v in out for t in _tensors(v)]
+        return [t for v in out for t in tensors_of(v)]
     return []
 
 
@@ -48,8 +50,8 @@ def _record(module: torch.nn.Module, run) -> list:
     hooks = []
     for name, m in module.named_modules():
         def hook(mod, args, kwargs, out, name=name):
-            rec.append((name, [t.detach().clone() for t in _tensors((args, kwargs))],
-                        [t.detach().clone() for t in _tensors(out)]))
+            rec.append((name, [t.detach().clone() for t in tensors_of((args, kwargs))],
+                        [t.detach().clone() for t in tensors_of(out)]))
         hooks.append(m.register_forward_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():

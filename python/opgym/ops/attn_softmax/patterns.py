@@ -14,6 +14,8 @@ windows, opgym::attn_windows (graph_windows.py); find() lists those regions befo
 served one by one where the windows region is not admitted."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.fx as fx
 
@@ -47,8 +49,6 @@ _DIVIDES = ("truediv", "div", "true_divide")
 
 
 def _exact_reciprocal(c: float) -> bool:
-    import math
-
     m, _ = math.frexp(c)
     return math.isfinite(c) and abs(m) == 0.5
 

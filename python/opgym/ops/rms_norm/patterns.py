@@ -175,13 +175,9 @@ def admit(region: dict):
 
 def replacement(region: dict, variant) -> tuple:
     """(target, constants): the region becomes target(x, weight, *constants)."""
-    if region["out_dtype"] == _op_dtype(val(region["x"]).dtype, val(region["weight"]).dtype):
+    if region["out_dtype"] == torch.promote_types(val(region["x"]).dtype, val(region["weight"]).dtype):  # the op's
         return OP, (region["eps"], variant.mode, variant.weight_offset)
     return _norm, (region["eps"], variant.mode, variant.weight_offset, region["out_dtype"])
-
-
-def _op_dtype(x_dtype, w_dtype):
-    return torch.promote_types(x_dtype, w_dtype)
 
 
 def _norm(x, w, eps, mode, offset, out_dtype):
