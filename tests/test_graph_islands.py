@@ -213,3 +213,68 @@ def test_a_first_call_hf_rejects_leaves_the_next_call_to_be_checked():
     with torch.no_grad():
         assert torch.equal(net(x), ref(x))
     assert h.refused is None and list(h.islands.why) == [f"{__name__}._ScanLike"], (h.refused, h.islands.why)
+
+
+# ---- frames Dynamo cannot trace (transformers 4.57.6's Mamba, Mamba2 and LFM2 cache set-up) ---------------------
+class _StaticCache:
+    """A cache whose set-up calls mark_static_address, which Dynamo forbids in a graph (4.57.6's MambaCache)."""
+
+    def __init__(self, d):
+        self.state = torch.zeros(d)
+        torch._dynamo.mark_static_address(self.state)
+
+
+class _CacheNet(_Net):
+    """A model whose own forward sets up such a cache before calling its blocks (as MambaModel.forward does)."""
+
+    def forward(self, x):
+        cache = _StaticCache(x.shape[-1])
+        for b in self.blocks:
+            x = b.norm(x) + cache.state
+        return self.final(x)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_frames_dynamo_cannot_trace_run_as_hf_code_and_the_rest_is_served(verify):
+    """The model's frame falls back to eager Python (Dynamo's own fallback); the norms it calls are compiled and
+    served, HF's bits. Without the check, the failing call itself runs as HF's code and the next one is served."""
+    x = _rows()
+    ref = _CacheNet()
+    net = copy.deepcopy(ref)
+    h = graph.compile(net, verify=verify)
+    with torch.no_grad():
+        want = ref(x)
+        assert torch.equal(net(x), want)
+        assert h.refused is None, h.refused
+        assert "mark_static_address" in h.islands.frames and "__init__" in h.islands.frames, h.islands.frames
+        assert list(h.islands.why) == [islands.FRAMES], h.islands.why
+        h.reset_stats()
+        assert torch.equal(net(x), want)
+    assert h.stats()["ops"]["rms_norm"]["fused"] == 3, h.stats()  # both blocks' norms and the final one
+
+
+def test_a_call_that_raises_under_the_frame_fallback_too_refuses():
+    """Past the fallback there is nothing to serve: a compiled call that still raises refuses the graph path, HF's
+    output returned (the compiled call replaced by one that always raises)."""
+    x = _rows()
+    ref = _CacheNet()
+    net = copy.deepcopy(ref)
+    h = graph.compile(net)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a compiled program that cannot run")
+    net._compiled_call_impl.compiled = broken
+    with pytest.warns(RuntimeWarning, match="cannot run"), torch.no_grad():
+        assert torch.equal(net(x), ref(x))
+    assert h.refused and "cannot run" in h.refused and not h.islands, h.refused
+    with torch.no_grad():
+        assert torch.equal(net(x), ref(x)) and net._compiled_call_impl is None
+
+
+def test_the_frame_fallback_is_off_until_a_call_needs_it():
+    """A model Dynamo traces whole never runs under the fallback (it would hide where a frame is not served)."""
+    net = _Net(mixers=())
+    h = graph.compile(net)
+    with torch.no_grad():
+        net(_rows())
+    assert h.islands.frames is None and not h.islands and h.replaced["rms_norm"] == 1, h

@@ -3,6 +3,7 @@ eagerly as Python (GraphModule.forward), as captured everywhere else."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import sys
 import threading
@@ -320,15 +321,26 @@ def _private_caches(args: tuple, kwargs: dict):
 
 class _Served:
     """A compiled module's call: `compiled` with the first call checked against HF eager (when `verify`), and any
-    call that raises run again as HF's own code: where that runs, the compiled call was the failure (Dynamo cannot
-    trace the code: measured under transformers 4.57.6, Mamba's and LFM2's cache set-up calls mark_static_address,
-    which Dynamo forbids), and the graph path is refused for the model; where it raises too, it is HF's own error,
-    raised as is. A call that failed after some of its graphs had run (a graph break before the failure) is not
-    undone: the rerun starts from what they left (a cache they grew grows again)."""
+    call that raises run again as HF's own code. Where that runs, the compiled call was the failure - Dynamo could
+    not trace some function (measured under transformers 4.57.6: Mamba's, Mamba2's and LFM2's cache set-up calls
+    mark_static_address, which Dynamo forbids in a graph) - and the model's calls go on under Dynamo's own
+    per-frame fallback (islands.frames: the functions it cannot trace run as HF's code, the rest compiled), the
+    next call checked again; a compiled call that raises under that fallback too refuses the graph path for the
+    model. Where HF's own code raises too, it is HF's own error, raised as is. A call that failed after some of its
+    graphs had run (a graph break before the failure) is not undone: the rerun starts from what they left (a cache
+    they grew grows again)."""
 
     def __init__(self, module: torch.nn.Module, compiled, handle: GraphHandle, verify: bool, recompile):
         self.module, self.compiled, self.handle, self.recompile = module, compiled, handle, recompile
+        self.verify = verify
         self.done = not verify
+
+    def run(self, *args, **kwargs):
+        """The compiled call, under Dynamo's per-frame fallback once the model needed it."""
+        if self.handle.islands.frames is None:
+            return self.compiled(*args, **kwargs)
+        with islands.frames():
+            return self.compiled(*args, **kwargs)
 
     def after_failure(self, e, args, kwargs):
         handle, module = self.handle, self.module
@@ -338,7 +350,13 @@ class _Served:
         except Exception:
             handle.redo()
             raise
-        handle.refuse(f"{type(module).__name__}'s compiled call raised {_said(e)}; HF's own code ran it")
+        said = f"{type(module).__name__}'s compiled call raised {_said(e)}{_where(e)}"
+        if handle.islands.frames is None:  # Dynamo's per-frame fallback from now on; its first call checked
+            handle.islands.add_frames(said)
+            handle.redo()
+            self.done = not self.verify
+            return out
+        handle.refuse(f"{said}; HF's own code ran it")
         return out
 
     # Not traced: a call reached from inside another compiled region (the model's, after a graph break at a
@@ -349,10 +367,10 @@ class _Served:
         if handle.refused:
             return module._call_impl(*args, **kwargs)
         if getattr(_VERIFYING, "on", False):  # inside another module's first call: that one decides
-            return self.compiled(*args, **kwargs)
+            return self.run(*args, **kwargs)
         if self.done:
             try:
-                return self.compiled(*args, **kwargs)
+                return self.run(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
                 return self.after_failure(e, args, kwargs)
         self.done = True
@@ -381,12 +399,15 @@ class _Served:
         after = _rng_state()
         handle.redo()
         why = None
-        for _ in range(islands.MAX_ISLANDS + 1):
+        for _ in range(islands.MAX_ISLANDS + 2):
             _set_rng_state(rng, cuda_rng)
             try:
                 a, k = _private_caches(*pristine)
-                got = self.compiled(*a, **k)
+                got = self.run(*a, **k)
             except Exception as e:  # noqa: BLE001 - HF's own code ran this call already
+                if handle.islands.frames is None:  # again under Dynamo's per-frame fallback (class docstring)
+                    handle.islands.add_frames(f"{type(module).__name__}'s compiled call raised {_said(e)}{_where(e)}")
+                    continue
                 why = f"its compiled call raised {_said(e)}; HF's own code ran it"
                 break
             why = _output_difference(ref, got)
@@ -411,7 +432,8 @@ class _Served:
             def go():
                 a, k = _private_caches(*pristine)
                 _set_rng_state(rng, cuda_rng)
-                fn(*a, **k)
+                with islands.frames() if handle.islands.frames is not None else contextlib.nullcontext():
+                    fn(*a, **k)
             return go
         handle.undo()
         handle.islands.install()
@@ -436,6 +458,15 @@ class _Served:
 def _said(e: Exception) -> str:
     """An exception's type and the first line of its message (200 characters at most)."""
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
+def _where(e: Exception) -> str:
+    """' (at file:line in function)': where in the model's code Dynamo's tracing failed, when it says."""
+    stack = getattr(e, "real_stack", None)
+    if not stack:
+        return ""
+    f = stack[-1]
+    return f" (at {f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name})"
 
 
 def _rng_state() -> tuple:

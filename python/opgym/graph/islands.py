@@ -22,6 +22,8 @@ The localization keeps every module's input and output tensors of one call: memo
 (the check runs once, and only where the first call already differed)."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import types
 import weakref
 
@@ -30,6 +32,25 @@ import torch
 from ..admission import bits_equal
 
 MAX_ISLANDS = 4  # module classes made eager before the graph path gives up on a model
+FRAMES = "frames Dynamo cannot trace"  # `Islands.why`'s key for them (`frames` below)
+
+
+@contextlib.contextmanager
+def frames():
+    """Dynamo's own fallback, frame by frame: a function whose tracing fails (transformers 4.57.6's Mamba, Mamba2
+    and LFM2 caches call torch._dynamo.mark_static_address, which Dynamo forbids inside a graph) runs as eager
+    Python - HF's own code - instead of failing the call, and the functions it calls are compiled each on its own
+    (Dynamo's suppress_errors, for the calls of a model that needs it only). Its warning, a traceback per such
+    frame, is kept out of the user's log: `Islands.why[FRAMES]` says it once."""
+    quiet = logging.Filter()
+    quiet.filter = lambda record: record.levelno > logging.WARNING
+    log = logging.getLogger("torch._dynamo.convert_frame")
+    log.addFilter(quiet)
+    try:
+        with torch._dynamo.config.patch(suppress_errors=True):
+            yield
+    finally:
+        log.removeFilter(quiet)
 
 
 def tensors_of(out) -> list:
@@ -95,9 +116,10 @@ class Islands:
         self._mods: list = []  # (weakref to the instance, its island forward)
         self.on = False
         self.not_found: str | None = None  # why the last search found no island (the model was refused then)
+        self.frames: str | None = None  # why the frames Dynamo cannot trace run as HF's own code (`frames`)
 
     def __bool__(self) -> bool:
-        return bool(self._classes)
+        return bool(self._classes) or self.frames is not None
 
     def __contains__(self, cls) -> bool:
         return cls in self._classes
@@ -115,11 +137,17 @@ class Islands:
         self.install()
         return n
 
+    def add_frames(self, why: str) -> None:
+        """The functions Dynamo cannot trace run as HF's own code from now on (`frames`)."""
+        self.frames = why
+        self.why[FRAMES] = why
+
     def clear(self) -> None:
         self.remove()
         self.why.clear()
         self._classes.clear()
         self._mods.clear()
+        self.frames = None
 
     def install(self) -> None:
         for ref, fwd in self._mods:
