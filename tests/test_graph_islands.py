@@ -278,3 +278,27 @@ def test_the_frame_fallback_is_off_until_a_call_needs_it():
     with torch.no_grad():
         net(_rows())
     assert h.islands.frames is None and not h.islands and h.replaced["rms_norm"] == 1, h
+
+
+class _State:
+    """A cache of no transformers Cache class, grown in place by the forward (4.57.6's MambaCache)."""
+
+    def __init__(self, d):
+        self.t = torch.zeros(d)
+
+
+class _Grows(nn.Module):
+    def forward(self, x, state):
+        state.t.add_(x)
+        return x * state.t.sum()
+
+
+def test_the_first_call_check_runs_on_its_own_copy_of_any_cache_object():
+    """The compiled run of the check must not see the state the eager run grew: the check passes (no refusal), and
+    the real state grew once, as HF's own call grows it."""
+    mod, state, x = _Grows(), _State(3), torch.tensor([1.0, 2.0, 3.0])
+    h = graph.compile(mod)
+    with torch.no_grad():
+        assert torch.equal(mod(x, state), x * 6)
+    assert h.refused is None, h.refused
+    assert torch.equal(state.t, x)

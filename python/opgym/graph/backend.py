@@ -307,15 +307,26 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
 _VERIFYING = threading.local()
 
 
-def _private_caches(args: tuple, kwargs: dict):
-    """args and kwargs with every transformers Cache deep-copied (the eager run must not grow the real one)."""
-    tf = sys.modules.get("transformers")
-    cache_cls = getattr(getattr(tf, "cache_utils", None), "Cache", None) if tf is not None else None
-    if cache_cls is None:
-        return args, kwargs
+_SHARED = (torch.Tensor, int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device)
 
+
+def _private_caches(args: tuple, kwargs: dict):
+    """args and kwargs with every argument that is no tensor, number, string or container of them deep-copied: the
+    caches a forward grows in place (transformers' Cache classes, and 4.57.6's MambaCache, which is none of them:
+    measured, tiny FalconMamba under 4.57.6, a generate's prefill checked against a cache the eager run had grown
+    already differed in 1587 logits). The eager run must not grow the real one. Tensors are shared (HF's forwards
+    do not write their inputs); an object that cannot be copied is shared too."""
     def own(v):
-        return copy.deepcopy(v) if isinstance(v, cache_cls) else v
+        if isinstance(v, _SHARED):
+            return v
+        if type(v) in (tuple, list):
+            return type(v)(own(x) for x in v)
+        if type(v) is dict:
+            return {k: own(x) for k, x in v.items()}
+        try:
+            return copy.deepcopy(v)
+        except Exception:  # noqa: BLE001 - not copyable: shared, as before
+            return v
     return tuple(own(a) for a in args), {k: own(v) for k, v in kwargs.items()}
 
 
