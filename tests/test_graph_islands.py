@@ -302,3 +302,51 @@ def test_the_first_call_check_runs_on_its_own_copy_of_any_cache_object():
         assert torch.equal(mod(x, state), x * 6)
     assert h.refused is None, h.refused
     assert torch.equal(state.t, x)
+
+
+# ---- the calls checked: each form's first calls of new shapes, not only the first call -----------------------------
+class _DecodeScan(_ScanLike):
+    """Takes its compile branch in a one-row call only (a decode step's code, in transformers' terms)."""
+
+    def forward(self, x):
+        if x.shape[-2] == 1:
+            return super().forward(x)
+        return x + x.sum(-1, keepdim=True)
+
+
+def test_a_compile_only_branch_of_a_decode_step_is_found_at_that_step():
+    """The first call (a prefill of 5 rows) agrees; the first one-row call is checked too, and its mixer becomes an
+    island: HF's bits on both (checked only at the first call, the one-row call would run the compile branch)."""
+    ref = _Net(mixers=(_DecodeScan, _DecodeScan))
+    net = copy.deepcopy(ref)
+    h = graph.compile(net)
+    x = _rows()
+    with torch.no_grad():
+        assert torch.equal(net(x), ref(x)) and not h.islands
+        assert torch.equal(net(x[:, :1]), ref(x[:, :1]))
+        assert list(h.islands.why) == [f"{__name__}._DecodeScan"], (h.refused, h.islands.why)
+        assert torch.equal(net(x[:, 1:2]), ref(x[:, 1:2]))
+
+
+def test_which_calls_are_checked(monkeypatch):
+    """Per form (keywords, dtypes, dims of 1), the first CHECKS_PER_FORM calls of new shapes; a repeat of checked
+    shapes is not checked; verify=False checks none."""
+    import importlib
+
+    backend = importlib.import_module("opgym.graph.backend")
+    checked = []
+    first = backend._Served._first
+
+    def counting(self, args, kwargs):
+        checked.append(tuple(args[0].shape))
+        return first(self, args, kwargs)
+    monkeypatch.setattr(backend._Served, "_first", counting)
+    x = _rows()
+    for verify, want in [(True, [(2, 5, 16), (2, 1, 16), (2, 4, 16)]), (False, [])]:
+        checked.clear()
+        net = _Net(mixers=())
+        graph.compile(net, verify=verify)
+        with torch.no_grad():
+            for rows in (5, 5, 1, 1, 4, 3, 5, 1):
+                net(x[:, :rows])
+        assert checked == want, checked

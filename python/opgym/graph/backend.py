@@ -250,10 +250,11 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
     step) and not with a growing DynamicCache (a new shape every step: never captured). On a CPU model it does
     nothing and says why (`handle.cuda_graphs.off`: "no CUDA tensors").
 
-    `verify` (default True): the first call of the model (and of each nested model called on its own) is also
-    run as HF's own code; where the two outputs' bits differ, the module where the programs part runs as HF's
+    `verify` (default True): the calls of the model (and of each nested model called on its own) that may compile
+    a new program - each input form's first calls of new shapes (below, "the calls checked"): a generate's prefill
+    and first two decode steps - are also run as HF's own code; where the two outputs' bits differ, the module where the programs part runs as HF's
     own code inside the compiled model (`handle.islands`), or, where none is found, the graph path is refused
-    for the model (below, "the first call, checked against HF eager"); False skips that one extra eager forward."""
+    for the model (below, "checked against HF eager"); False skips those extra eager forwards."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"opgym.compile: expected a torch.nn.Module, got {type(model).__name__}")
     handle = GraphHandle(model, cuda_graphs=cuda_graphs)
@@ -270,7 +271,8 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
             m.compile(backend=_backend, dynamic=dynamic, recompile_limit=recompile_limit, isolate_recompiles=True)
             if id(m) in served:
                 served[id(m)].compiled = m._compiled_call_impl
-                served[id(m)].done = served[id(m)].done and m is model  # a tower checks its first call again
+                if m is not model:  # a tower checks its calls again
+                    served[id(m)].checked.clear()
             else:
                 served[id(m)] = _Served(m, m._compiled_call_impl, handle, verify, recompile)
             if m is not model and not any(r() is m for r in handle._towers):
@@ -291,19 +293,30 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
     return handle
 
 
-# ---- the first call, checked against HF eager ------------------------------------------------------------------
+# ---- the first calls, checked against HF eager -----------------------------------------------------------------
 # Dynamo captures the program the model runs *under torch.compile*, and transformers' code sometimes branches on
 # that (`is_torchdynamo_compiling()`): Jamba's Mamba layers take an associative scan when compiling and a
 # sequential one in eager, whose bits differ (measured, tiny seeded Jamba, transformers 5.23: 1143 of 4096 logits,
 # with Dynamo's own backend="eager" as with opgym's). No pattern can see that in the graph - it is a different
-# program, made of ordinary ops. So each compiled module's first call (the model's, and a nested model's called on
+# program, made of ordinary ops. So each compiled module's call that may compile a new program (the model's, and a nested model's called on
 # its own, as generate does with a vision tower) runs twice: HF's own code for real (the compiled calls taken out,
 # so the caches grow as HF grows them), then the compiled call on deep copies of the caches among the arguments,
 # from the same RNG state; their outputs' tensors are compared bit for bit, and the call returns HF's output. A
 # difference first looks for eager islands (islands.py: the module where the programs part runs as HF's code, the
 # model is compiled again and checked again); where none is found, it refuses the graph path for the whole
 # handle: the model and its towers run their own code from then on (`handle.refused` says why, and a warning).
-# The check costs one eager forward, once (and, where the bits differ, two more and a recompilation per island).
+# The check costs one eager forward per call checked (and, where the bits differ, two more and a recompilation per
+# island).
+#
+# The calls checked: Dynamo compiles a new program where its guards fail - a call of new shapes, new keywords, a
+# size that becomes 1 - and its automatic dynamic shapes compile a size that changed once more, symbolic, then
+# reuse it (the growing cache length in decoding). transformers branches on compiling in the calls of one phase
+# only, too (a decode step's cache update, its mask). So each call's form - its keywords, and per tensor argument
+# its dtype and which dims are 1 (a prefill and a decode step differ; decode steps of growing length do not) - has
+# its first CHECKS_PER_FORM calls of new shapes checked: the static program and the dynamic one. A generate checks
+# its prefill and its first two decode steps; a call of shapes already checked is not checked again (opgym run's
+# timed rounds repeat the warm-up's shapes: none is checked).
+CHECKS_PER_FORM = 2
 _VERIFYING = threading.local()
 
 
@@ -331,7 +344,7 @@ def _private_caches(args: tuple, kwargs: dict):
 
 
 class _Served:
-    """A compiled module's call: `compiled` with the first call checked against HF eager (when `verify`), and any
+    """A compiled module's call: `compiled` with the calls checked against HF eager (when `verify`), and any
     call that raises run again as HF's own code. Where that runs, the compiled call was the failure - Dynamo could
     not trace some function (measured under transformers 4.57.6: Mamba's, Mamba2's and LFM2's cache set-up calls
     mark_static_address, which Dynamo forbids in a graph) - and the model's calls go on under Dynamo's own
@@ -344,7 +357,7 @@ class _Served:
     def __init__(self, module: torch.nn.Module, compiled, handle: GraphHandle, verify: bool, recompile):
         self.module, self.compiled, self.handle, self.recompile = module, compiled, handle, recompile
         self.verify = verify
-        self.done = not verify
+        self.checked: dict = {}  # a call's form -> the shapes checked in it (`_to_check`)
 
     def run(self, *args, **kwargs):
         """The compiled call, under Dynamo's per-frame fallback once the model needed it."""
@@ -362,10 +375,10 @@ class _Served:
             handle.redo()
             raise
         said = f"{type(module).__name__}'s compiled call raised {_said(e)}{_where(e)}"
-        if handle.islands.frames is None:  # Dynamo's per-frame fallback from now on; its first call checked
+        if handle.islands.frames is None:  # Dynamo's per-frame fallback from now on; its calls checked anew
             handle.islands.add_frames(said)
             handle.redo()
-            self.done = not self.verify
+            self.checked.clear()
             return out
         handle.refuse(f"{said}; HF's own code ran it")
         return out
@@ -377,22 +390,36 @@ class _Served:
         handle, module = self.handle, self.module
         if handle.refused:
             return module._call_impl(*args, **kwargs)
-        if getattr(_VERIFYING, "on", False):  # inside another module's first call: that one decides
+        if getattr(_VERIFYING, "on", False):  # inside another module's checked call: that one decides
             return self.run(*args, **kwargs)
-        if self.done:
+        key = self._to_check(args, kwargs)
+        if key is None:
             try:
                 return self.run(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
                 return self.after_failure(e, args, kwargs)
-        self.done = True
         _VERIFYING.on = True
         try:
             return self._first(args, kwargs)
-        except Exception:  # HF's own code raised (its error, as is): the next call is the first one checked
-            self.done = False
+        except Exception:  # HF's own code raised (its error, as is): the next call of its shapes is checked
+            self.checked[key[0]].remove(key[1])
             raise
         finally:
             _VERIFYING.on = False
+
+    def _to_check(self, args, kwargs):
+        """(form, shapes) when this call is checked against HF eager, else None: the calls that may compile a new
+        program (below, "the calls checked")."""
+        if not self.verify:
+            return None
+        ts = tensors_of((args, kwargs))
+        form = (len(args), tuple(sorted(kwargs)), tuple((t.dtype, tuple(n == 1 for n in t.shape)) for t in ts))
+        shapes = tuple(tuple(t.shape) for t in ts)
+        seen = self.checked.setdefault(form, [])
+        if len(seen) >= CHECKS_PER_FORM or shapes in seen:
+            return None
+        seen.append(shapes)
+        return form, shapes
 
     def _first(self, args, kwargs):
         """HF's own code runs the call for real (the model's caches grow as HF grows them); the compiled call runs
@@ -426,7 +453,7 @@ class _Served:
                 break
         _set_rng_state(*after)
         if why is not None:
-            handle.refuse(f"{type(module).__name__}'s first call through the graph path: {why}")
+            handle.refuse(f"{type(module).__name__}'s call through the graph path, checked: {why}")
         return ref
 
     def _add_island(self, pristine, rng, cuda_rng) -> bool:

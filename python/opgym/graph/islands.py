@@ -3,7 +3,7 @@ inside an otherwise compiled model.
 
 Dynamo captures the program a model runs *while compiling*, and transformers' code sometimes branches on that
 (`is_torchdynamo_compiling()`): Jamba's Mamba mixer takes an associative scan when compiling and a sequential
-loop in eager, whose bits differ. The first call's check (backend.py) sees the model's output differ; before it
+loop in eager, whose bits differ. The check of a call (backend.py: a model's first calls of each input form) sees the model's output differ; before it
 refuses the whole graph path, it looks for where the two programs part:
 
 1. `locate` runs the model twice more, on private copies of the call's caches, with a forward hook on every
@@ -19,7 +19,7 @@ refuses the whole graph path, it looks for where the two programs part:
 Decided by bits alone: no class name, module path or source text is consulted - the hooks' tensors say where.
 `undo()` takes the islands' forwards off (the model as it was), `redo()` puts them back with the compiled calls.
 The localization keeps every module's input and output tensors of one call: memory that grows with the model
-(the check runs once, and only where the first call already differed)."""
+(it runs only where a checked call already differed)."""
 from __future__ import annotations
 
 import contextlib
