@@ -657,6 +657,34 @@ def test_rms_norm_spelt_with_pow(exponent):
     assert not h.skipped, h  # the near miss is not even a candidate: the matcher, not the probe, refuses it
 
 
+class _WeightMovedNorm(nn.Module):
+    """FalconMamba's RMSNorm (transformers 4.57.6): `self.weight.to(hidden_states.device) * rms_forward(h)` - a move
+    onto the device the weight is on already (the weight itself); `copy=True` makes it another node (a near miss the
+    matcher leaves alone)."""
+
+    def __init__(self, d, copy=False):
+        super().__init__()
+        self.weight = nn.Parameter((1 + 0.1 * torch.randn(d, generator=torch.Generator().manual_seed(8))).to(torch.bfloat16))
+        self.copy = copy
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        w = self.weight.to(x.device, copy=True) if self.copy else self.weight.to(x.device)
+        return w * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("copy", [False, True])
+def test_rms_norm_weight_moved_onto_its_own_device(copy):
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    mod = _WeightMovedNorm(64, copy)
+    want = mod(x)
+    h = graph.compile(mod)
+    with torch.no_grad():
+        assert torch.equal(mod(x), want)
+    assert h.replaced["rms_norm"] == (0 if copy else 1), h
+
+
 def test_pattern_order_takes_rotary_before_add_norm_and_refuses_a_cycle(monkeypatch):
     """backend._ordered: CONTAINS (add_rms_norm holds an RMSNorm) and BEFORE (rotary claims its sum before
     add_rms_norm could take it as a residual add) both put an op first; declarations that contradict raise."""

@@ -45,6 +45,21 @@ def _square_of(node):
     return None
 
 
+def _stays(node) -> bool:
+    """`t.to(device)` onto the device t is on already, which returns t itself (FalconMamba under transformers 4.57.6:
+    `self.weight.to(hidden_states.device) * ...`); a move to another device is not."""
+    if not (isinstance(node, fx.Node) and node.op == "call_method" and node.target == "to"):
+        return False
+    args = list(node.args[1:]) + ([node.kwargs["device"]] if set(node.kwargs) == {"device"} else [])
+    src = val(node.args[0])
+    if len(args) != 1 or (node.kwargs and set(node.kwargs) != {"device"}) or not isinstance(src, torch.Tensor):
+        return False
+    try:
+        return isinstance(args[0], (torch.device, str)) and torch.device(args[0]) == src.device
+    except (RuntimeError, TypeError):
+        return False
+
+
 def _weight_side(node, dim: int):
     """(weight node, the nodes between it and the multiplication) when `node` is a 1-D tensor of `dim`
     elements, possibly cast and offset by a number; else None."""
@@ -54,7 +69,7 @@ def _weight_side(node, dim: int):
         v = val(cur)
         if not isinstance(v, torch.Tensor):
             return None
-        if cast_target(cur) is not None:
+        if cast_target(cur) is not None or _stays(cur):
             chain.append(cur)
             cur = cur.args[0]
             continue
