@@ -140,3 +140,38 @@ def test_coverage_table_rows_and_shortfalls(tmp_path, capsys):
     (tmp_path / "partial.json").write_text(json.dumps({"partial": True, "results": []}))
     with pytest.raises(SystemExit, match="not a finished"):
         table.main([str(tmp_path / "partial.json")])
+
+
+@pytest.mark.parametrize("path", ["patch", "graph"])
+def test_generate_compares_greedy_tokens_and_counts_a_change(path, monkeypatch):
+    """--generate N: N greedy tokens through opgym against HF's own (taken before opgym touched the model),
+    compared whole; a token sequence that differs is counted as changed (the comparison forced to see one)."""
+    from opgym.coverage import runner
+
+    torch._dynamo.reset()
+    rep = coverage.run(["llama"], path=path, generate=4)
+    r = rep["results"][0]
+    assert r["generate"] == {"tokens": 4, "identical": True}, r.get("generate")
+    s = coverage.summarize(rep)
+    assert (s["generated"], s["tokens_identical"], s["tokens_changed"]) == (1, 1, [])
+
+    real, calls = runner._generate, []
+
+    def second_call_off_by_one(model, inputs, n):
+        out = real(model, inputs, n)
+        calls.append(n)
+        return out + 1 if len(calls) == 2 else out
+    monkeypatch.setattr(runner, "_generate", second_call_off_by_one)
+    torch._dynamo.reset()
+    rep = coverage.run(["llama"], path=path, generate=4)
+    assert rep["results"][0]["generate"]["identical"] is False
+    assert coverage.summarize(rep)["tokens_changed"] == ["llama"]
+
+
+def test_generate_refuses_a_negative_count(capsys):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    coverage.add_arguments(p)
+    assert coverage.main(p.parse_args(["--types", "llama", "--generate", "-1"])) == 2
+    assert "--generate must be 0 or more" in capsys.readouterr().err

@@ -18,7 +18,8 @@ from .lists import LISTS
 __all__ = ["run", "summarize", "add_arguments", "main", "LISTS"]
 
 
-def run(types, seed: int = 0, progress=None, timeout: float = 300.0, on_built=None, path: str = "patch") -> dict:
+def run(types, seed: int = 0, progress=None, timeout: float = 300.0, on_built=None, path: str = "patch",
+        generate: int = 0) -> dict:
     """{"transformers", "torch", "seed", "seconds", "results": [runner.run_type(t) ...]}. A type that
     takes more than `timeout` seconds is stopped (status "timed out"; main thread only)."""
     import torch
@@ -29,9 +30,9 @@ def run(types, seed: int = 0, progress=None, timeout: float = 300.0, on_built=No
     _quiet()
     t0 = time.perf_counter()
     report = {"transformers": transformers.__version__, "torch": torch.__version__, "seed": seed,
-              "threads": torch.get_num_threads(), "path": path, "results": []}
+              "threads": torch.get_num_threads(), "path": path, "generate": generate, "results": []}
     for i, t in enumerate(types):
-        report["results"].append(run_type_limited(t, seed, timeout, on_built, path))
+        report["results"].append(run_type_limited(t, seed, timeout, on_built, path, generate))
         report["seconds"] = round(time.perf_counter() - t0, 1)
         if progress is not None:
             progress(i + 1, len(types), report)
@@ -68,6 +69,11 @@ def summarize(report: dict) -> dict:
         "refused": sorted(r["type"] for r in rs if r.get("refused")),
         "islands": sorted(r["type"] for r in rs if r.get("islands")),
         "image_inputs": len([r for r in rs if str(r.get("inputs", "")).startswith("image")]),
+        "generated": len([r for r in rs if "identical" in (r.get("generate") or {})]),
+        "tokens_identical": len([r for r in rs if (r.get("generate") or {}).get("identical") is True]),
+        "tokens_changed": sorted(r["type"] for r in rs if (r.get("generate") or {}).get("identical") is False),
+        "generate_raised": sorted(r["type"] for r in rs if str((r.get("generate") or {}).get("status", ""))
+                                  .startswith("opgym's")),
         "fused_types_by_op": _types_by_op(rs, "fused"),
         "patched_types_by_op": _types_by_op(rs, "patched"),
     }
@@ -119,6 +125,10 @@ def print_table(report: dict, file=None) -> None:
                   f"{s.get('refused', [])}, {len(s.get('islands', []))} served around eager islands "
                   f"{s.get('islands', [])}; "
                   f"{s['image_inputs']} fed images; {report['seconds']} s")
+    if report.get("generate"):
+        console.print(f"generate ({report['generate']} greedy tokens, HF's own against opgym's): {s['generated']} "
+                      f"types generated, {s['tokens_identical']} identical, {len(s['tokens_changed'])} changed "
+                      f"{s['tokens_changed']}, {len(s['generate_raised'])} raised {s['generate_raised']}")
     what = "regions replaced" if report.get("path") == "graph" else "modules patched"
     console.print(f"types per op (path {report.get('path', 'patch')}): fused calls: "
                   + (", ".join(f"{op} {n}" for op, n in s["fused_types_by_op"].items()) or "none")
@@ -138,6 +148,8 @@ def add_arguments(p) -> None:
                    "opgym.patch (per module) or opgym.compile (the exact graph path); default patch")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one type may take (default 300)")
     p.add_argument("--quiet", action="store_true", help="no per-type progress lines")
+    p.add_argument("--generate", type=int, default=0, metavar="N", help="also N greedy tokens per type, HF's own "
+                   "against opgym's, compared whole (default 0: the forward alone)")
 
 
 def main(args) -> int:
@@ -152,6 +164,9 @@ def main(args) -> int:
         types = list(LISTS[args.list])
     else:
         types = known_types()
+    if args.generate < 0:
+        print(f"opgym coverage: error: --generate must be 0 or more tokens, got {args.generate}", file=sys.stderr)
+        return 2
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         print(f"opgym coverage: error: --json: directory of {args.json} does not exist", file=sys.stderr)
         return 2
@@ -172,7 +187,8 @@ def main(args) -> int:
         def on_built(t, model, config, kind):
             entries.append(collect_model(t, model, config, kind))
 
-    report = run(types, seed=args.seed, progress=progress, timeout=args.timeout, on_built=on_built, path=args.path)
+    report = run(types, seed=args.seed, progress=progress, timeout=args.timeout, on_built=on_built, path=args.path,
+                 generate=args.generate)
     report["summary"] = summarize(report)
     print_table(report)
     if args.json:
@@ -183,4 +199,4 @@ def main(args) -> int:
 
         write_catalog(args.catalog, [e["type"] for e in entries], report, entries=entries)
     s = report["summary"]
-    return 1 if s["changed"] or s["patched_forward_raised"] else 0
+    return 1 if s["changed"] or s["patched_forward_raised"] or s["tokens_changed"] or s["generate_raised"] else 0

@@ -7,7 +7,10 @@
     identical (bool), nan (the reference has NaNs), deterministic (two unpatched forwards agree),
     undo_restores (the forward after handle.undo() is the reference again),
     patched {op: modules}, fused {op: calls}, fallback {op: {reason: calls}},
-    skipped {reason: modules}, notes {key: text}.
+    skipped {reason: modules}, notes {key: text},
+    generate (with generate=N > 0): {tokens, identical} - N greedy tokens through opgym against HF's own,
+    compared whole - or {status} where HF's own generate failed or opgym's raised; on the graph path also
+    `refused`/`islands` where a checked generate call found them.
 status is "ok", "could not build", "forward failed" (the unpatched model itself), "patch raised",
 or "patched forward raised". An opgym error never stops the run: it is the status of that type.
 """
@@ -55,6 +58,35 @@ def _forward(model, inputs):
         return _output(model(**inputs))
 
 
+def _generate(model, inputs, n: int) -> torch.Tensor:
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out if isinstance(out, torch.Tensor) else out.sequences
+
+
+def _hf_tokens(model, inputs, n: int, result: dict):
+    """(HF's own greedy tokens, n) (before opgym touches the model), or None (and the reason) where it cannot
+    generate."""
+    if n <= 0:
+        return None
+    try:
+        return _generate(model, inputs, n), n
+    except Exception as e:  # noqa: BLE001 - no generate to compare: said, not counted
+        result["generate"] = {"status": f"HF's own generate failed: {_short(e, 120)}"}
+        return None
+
+
+def _compare_tokens(model, inputs, tokens, result: dict) -> None:
+    if tokens is None:
+        return
+    want, n = tokens
+    try:
+        got = _generate(model, inputs, n)
+        result["generate"] = {"tokens": n, "identical": bool(got.shape == want.shape and torch.equal(got, want))}
+    except Exception as e:  # noqa: BLE001 - opgym must never make a generate raise: reported as such
+        result["generate"] = {"status": f"opgym's generate raised: {_short(e, 120)}"}
+
+
 def _group_skipped(skipped: dict) -> dict:
     """{reason: modules}, the reasons as the integrations wrote them, module paths dropped."""
     out: dict[str, int] = {}
@@ -97,7 +129,7 @@ def _is_vision_only(model) -> bool:
     return "pixel_values" in params and "input_ids" not in params
 
 
-def run_type(model_type: str, seed: int = 0, on_built=None, path: str = "patch") -> dict:
+def run_type(model_type: str, seed: int = 0, on_built=None, path: str = "patch", generate: int = 0) -> dict:
     import opgym
 
     t0 = time.perf_counter()
@@ -127,8 +159,9 @@ def run_type(model_type: str, seed: int = 0, on_built=None, path: str = "patch")
         return result
     result.update(output=name, numel=ref.numel(), nan=bool(ref.isnan().any()),
                   deterministic=count_differ(ref, again) == 0)
+    tokens = _hf_tokens(model, inputs, generate, result)
     if path == "graph":
-        return _through_graph(model, inputs, ref, result, t0)
+        return _through_graph(model, inputs, ref, result, t0, tokens)
     try:
         handle = opgym.patch(model)
     except Exception as e:  # noqa: BLE001 - the lead's patch() is to never raise; report it meanwhile
@@ -146,6 +179,8 @@ def run_type(model_type: str, seed: int = 0, on_built=None, path: str = "patch")
     result["fallback"] = {op: s["reasons"] for op, s in stats.items() if s["fallback"]}
     result["skipped"] = _group_skipped(handle.skipped)
     result["notes"] = {k: str(v) for k, v in handle.notes.items()}
+    if got is not None:
+        _compare_tokens(model, inputs, tokens, result)
     handle.undo()
     if got is not None:
         result["differ"] = count_differ(ref, got)
@@ -163,7 +198,7 @@ class _Timeout(BaseException):
     runner (or of the model) swallows it."""
 
 
-def _through_graph(model, inputs, ref, result: dict, t0: float) -> dict:
+def _through_graph(model, inputs, ref, result: dict, t0: float, tokens=None) -> dict:
     """The exact graph path (opgym.compile) instead of patch(): regions replaced per op, calls, the regions
     left as captured with why; the same comparison of bits."""
     import opgym
@@ -189,6 +224,13 @@ def _through_graph(model, inputs, ref, result: dict, t0: float) -> dict:
         if handle.refused:  # the first call's check found the captured program is not HF eager's: nothing served
             result.update(refused=handle.refused, patched={}, fused={}, fallback={})
             result["skipped"][f"graph path refused: {handle.refused}"] = 1
+        if got is not None and tokens is not None:
+            before = (handle.refused, dict(handle.islands.why))
+            _compare_tokens(model, inputs, tokens, result)
+            if handle.refused != before[0]:
+                result["generate"]["refused"] = handle.refused
+            if dict(handle.islands.why) != before[1]:
+                result["generate"]["islands"] = dict(handle.islands.why)
         handle.undo()
     torch._dynamo.reset()
     if got is not None:
@@ -200,14 +242,15 @@ def _through_graph(model, inputs, ref, result: dict, t0: float) -> dict:
     return result
 
 
-def run_type_limited(model_type: str, seed: int = 0, timeout: float = 300.0, on_built=None, path: str = "patch") -> dict:
+def run_type_limited(model_type: str, seed: int = 0, timeout: float = 300.0, on_built=None, path: str = "patch",
+                     generate: int = 0) -> dict:
     """run_type with a wall-clock limit (SIGALRM, main thread only; elsewhere no limit). A patch
     applied when the limit hits stays on a model that is discarded anyway."""
     import signal
     import threading
 
     if timeout <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
-        return run_type(model_type, seed, on_built, path)
+        return run_type(model_type, seed, on_built, path, generate)
 
     def alarm(signum, frame):
         raise _Timeout()
@@ -216,7 +259,7 @@ def run_type_limited(model_type: str, seed: int = 0, timeout: float = 300.0, on_
     old = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        return run_type(model_type, seed, on_built, path)
+        return run_type(model_type, seed, on_built, path, generate)
     except _Timeout:
         head = build.head_of(model_type)
         return {"type": model_type, "status": "timed out", "error": f"stopped after {timeout:g} s",
