@@ -59,6 +59,10 @@ def _forward(model, inputs):
 
 
 def _generate(model, inputs, n: int) -> torch.Tensor:
+    """N greedy tokens; the inputs the forward names only (a processor's counts such as Gemma 3's num_crops reach
+    the forward through its **kwargs, unused, and generate refuses them)."""
+    named = inspect.signature(model.forward).parameters
+    inputs = {k: v for k, v in inputs.items() if k in named}
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)
     return out if isinstance(out, torch.Tensor) else out.sequences
