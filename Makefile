@@ -258,7 +258,8 @@ $(VENV_NEXT)/.requirements-$(TF_NEXT): requirements.txt
 # `make test`'s share of it (issue 31: CI runs the graph path under the pinned and the newest transformers):
 # eight types that span the forms (the flagship Qwen2.5-VL with its vision tower, Llama, Qwen3, Mistral,
 # Gemma-2, Phi-3, OLMo-2, Qwen2-MoE) through opgym.compile, under 5.23.0 and under TF_NEXT, and through
-# opgym.patch under TF_NEXT (pytest runs it under 5.23.0): exact or untouched there too. TF_NEXT comes as
+# opgym.patch under TF_NEXT (pytest runs it under 5.23.0): exact or untouched there too; on the graph path
+# 4 greedy tokens per type too (--generate: a generate's decode steps are checked calls of their own). TF_NEXT comes as
 # an overlay on the project venv (transformers alone, --no-deps, first on PYTHONPATH), after a check that the
 # venv's pinned packages satisfy its requirements: seconds, where a venv of its own takes minutes. 30 to
 # 46 s a run here. The whole Liger list is test-graph-next's, the whole zoo coverage-full's.
@@ -276,8 +277,8 @@ $(TF_NEXT_OVERLAY)/.installed: $(VENV)/.requirements
 .PHONY: test-graph-ci
 test-graph-ci: install-python $(TF_NEXT_OVERLAY)/.installed
 	$(COPY_EXT)
-	PYTHONPATH=python $(PY) -m opgym.cli coverage --quiet --path graph --types $(GRAPH_CI_TYPES)
-	PYTHONPATH=$(TF_NEXT_OVERLAY):python $(PY) -m opgym.cli coverage --quiet --path graph --types $(GRAPH_CI_TYPES)
+	PYTHONPATH=python $(PY) -m opgym.cli coverage --quiet --path graph --generate 4 --types $(GRAPH_CI_TYPES)
+	PYTHONPATH=$(TF_NEXT_OVERLAY):python $(PY) -m opgym.cli coverage --quiet --path graph --generate 4 --types $(GRAPH_CI_TYPES)
 	PYTHONPATH=$(TF_NEXT_OVERLAY):python $(PY) -m opgym.cli coverage --quiet --path patch --types $(GRAPH_CI_TYPES)
 
 # The whole zoo (every causal-LM and image-text-to-text type) through the exact graph path under the pinned
