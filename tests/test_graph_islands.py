@@ -350,3 +350,21 @@ def test_which_calls_are_checked(monkeypatch):
             for rows in (5, 5, 1, 1, 4, 3, 5, 1):
                 net(x[:, :rows])
         assert checked == want, checked
+
+
+class _KeysInAnotherOrder(nn.Module):
+    """Builds its output dict in another key order under compile (as Dynamo rebuilt InternVL's vision output under
+    transformers 5.24): the same tensors, so the same output."""
+
+    def forward(self, x):
+        if torch.compiler.is_compiling():
+            return {"b": x * 2, "a": x + 1}
+        return {"a": x + 1, "b": x * 2}
+
+
+def test_outputs_are_compared_field_by_field_not_in_insertion_order():
+    mod = _KeysInAnotherOrder()
+    h = graph.compile(mod)
+    with torch.no_grad():
+        out = mod(torch.arange(3.0))
+    assert h.refused is None and torch.equal(out["b"], torch.arange(3.0) * 2), h.refused

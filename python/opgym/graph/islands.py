@@ -55,11 +55,12 @@ def frames():
 
 def tensors_of(out) -> list:
     """The tensors of a call's output or arguments (a ModelOutput, a dict, tuples and lists of them), caches left
-    out."""
+    out; a dict's in the order of its keys, not of their insertion (the compiled program may build a ModelOutput
+    in another order: InternVL's vision output under transformers 5.24, measured)."""
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, dict):
-        return [t for v in out.values() for t in tensors_of(v)]
+        return [t for k in sorted(out, key=str) for t in tensors_of(out[k])]
     if isinstance(out, (tuple, list)):
         return [t for v in out for t in tensors_of(v)]
     return []
