@@ -252,6 +252,50 @@ def test_near_misses_stay_as_captured(merged_mode, near):
     assert _shared(m) == merged
 
 
+class _Block(nn.Module):
+    """A block whose forward breaks the graph: Dynamo compiles its code once and runs that graph for every block,
+    each block's parameters passed as the graph's inputs (as Qwen2.5-VL's vision blocks are)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = _MLP()
+
+    def forward(self, x):
+        y = x + self.mlp(x)
+        torch._dynamo.graph_break()
+        return y * 0.5
+
+
+class _Tower(nn.Module):
+    def __init__(self, n=3):
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block() for _ in range(n))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_one_graph_for_several_mlps_merges_each(merged_mode):
+    torch.manual_seed(4)
+    m, ref = _Tower().eval().to(torch.bfloat16), _Tower().eval().to(torch.bfloat16)
+    ref.load_state_dict(m.state_dict())
+    h = graph.compile(m, verify=False)
+    x = torch.randn(2, 5, 32).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(m(x), ref(x))
+        assert torch.equal(m(x), ref(x))
+    if not merge.probe(m.blocks[0].mlp.gate_proj, m.blocks[0].mlp.up_proj, m.blocks[0].mlp.down_proj)[0]:
+        pytest.skip("the merged GEMM is not exact on this machine")
+    assert h.form_regions[FORM] < 3, h  # fewer regions than blocks: one region serves several MLPs
+    assert all(_shared(b.mlp) for b in m.blocks)
+    assert h.forms()["ops"][FORM] == {"fused": 6, "fallback": 0, "reasons": {}}, h.forms()
+    sd = m.state_dict()
+    assert all(torch.equal(sd[k], v) for k, v in ref.state_dict().items())
+    assert not any(_shared(b.mlp) for b in m.blocks)
+
+
 def test_no_handle_no_merge(merged_mode):
     """torch.compile(backend="opgym") has no model to keep the merged buffer on: the activation alone."""
     m, ref = _llama(), _llama()

@@ -28,7 +28,8 @@ at every call: merged again from the Linears' current values when anything repla
 state_dict, undo), never stale.
 
 One `Merged` per MLP, kept on the GraphHandle (`kept`) and shared by all its graphs (prefill, decode), so graphs
-never merge against each other. Its state_dict pre-hooks (on both Linears, so whichever a state_dict reaches
+never merge against each other; found per call from the parameters the call passes, since one graph may serve
+many MLPs (`replacement`). Its state_dict pre-hooks (on both Linears, so whichever a state_dict reaches
 first) unmerge: every state_dict sees each Linear with storage of its own; `handle.undo()` unmerges too.
 Counted as a form of swiglu ("swiglu merged": GraphHandle.form_regions and forms()): the activation region stays
 swiglu's own, so `replaced` and `stats()` count what they counted without it."""
@@ -115,7 +116,9 @@ def find(graph: fx.Graph, act_regions: list[dict]) -> list[dict]:
                 or lg.weight.device != lu.weight.device or not isinstance(val(g[0]), torch.Tensor)
                 or val(g[0]).dtype != lg.weight.dtype):
             continue
-        inputs = [g[0], g[1], *([g[2]] if g[2] is not None else []), u[1], *([u[2]] if u[2] is not None else [])]
+        # the down weight too: unused by the GEMM, it names the MLP whose Merged state a call uses (below)
+        inputs = [g[0], g[1], *([g[2]] if g[2] is not None else []), u[1], *([u[2]] if u[2] is not None else []),
+                  d[1]]
         out.append({"kind": FORM, "counted_as": FORM, "inputs": inputs,
                     "nodes": sorted([gate, up], key=order.__getitem__), "output": [gate, up],
                     "bias": g[2] is not None, "act": r, "activation": r["activation"],
@@ -164,18 +167,25 @@ def admit(region: dict, admit_act) -> tuple:
             merged_for = tuple(raced[T][0] == "merged" for T in sorted(raced))
             if not any(merged_for):
                 return None, "merged gate|up: the separate GEMMs measured faster at every row count (race)"
-    pair = handle.kept(("swiglu merged", id(gate), id(up)), lambda: _Pair(gate, up, down, kind, handle))
-    return (pair, merged_for), None
+    return (merged_for, kind), None
 
 
 class _Pair:
     """One MLP's merged gate|up (merge.Merged), shared by every graph of the handle; merged at its first call."""
 
     def __init__(self, gate: nn.Linear, up: nn.Linear, down: nn.Linear, kind: str, handle):
-        # "auto": Merged.allowed() never forces a merge the probe finds inexact (the graph path's promise)
+        # "auto": Merged.allowed() never forces a merge the probe finds inexact (the graph path's promise);
+        # Merged assumes its maker probed the signature: this MLP's is probed here (a cached verdict)
         self.state = Merged(gate, up, down, "auto", False, kind)
+        self.state.ok = probe(gate, up, down, kind)[0]
         self.hooks: list = []
         handle.on_undo(self.undo)
+
+    def serves(self, params: tuple, up_at: int) -> bool:
+        """Whether the graph's parameters (Wg[, bg], Wu[, bu], Wd) are this MLP's."""
+        st = self.state
+        return (params[0] is st.gate.weight and params[up_at] is st.up.weight and params[-1] is st.down.weight
+                and (up_at == 1 or (params[1] is st.gate.bias and params[3] is st.up.bias)))
 
     def weights(self) -> tuple:
         st = self.state
@@ -192,23 +202,59 @@ class _Pair:
         self.state.unmerge()
 
 
+def _owners(handle, params: tuple, up_at: int):
+    """(gate, up, down): the Linears whose own weights (and biases) the graph's parameters are, or None."""
+    want = {id(params[0]): "weight", id(params[up_at]): "weight", id(params[-1]): "weight"}
+    if up_at == 2:
+        want.update({id(params[1]): "bias", id(params[3]): "bias"})
+    found: dict = {}
+    for root in handle._modules():
+        for m in root.modules():
+            if isinstance(m, nn.Linear):
+                for name, p in m.named_parameters(recurse=False):
+                    if want.get(id(p)) == name:
+                        found[id(p)] = m
+    mods = [found.get(id(params[i])) for i in (0, up_at, -1)]
+    if None in mods or (up_at == 2 and (found.get(id(params[1])) is not mods[0]
+                                        or found.get(id(params[3])) is not mods[1])):
+        return None
+    return mods
+
+
 def replacement(region: dict, verdict) -> tuple:
-    pair, merged_for = verdict
-    ref = weakref.ref(pair)
-    up_at = 2 if region["bias"] else 1  # params: Wg[, bg], Wu[, bu]
+    """The merged GEMM, its Merged state found per call from the parameters the call passes: Dynamo compiles one
+    graph for every instance of a module whose forward is a frame of its own (Qwen2.5-VL's vision blocks: one graph
+    for the 32 blocks, their parameters passed as inputs), so a region stands for every such MLP; each MLP gets
+    its own state at its first call (`_owners`, a walk over the handle's modules), then a dict look-up."""
+    merged_for, kind = verdict
+    href = region["handle"]
+    up_at = 2 if region["bias"] else 1  # params: Wg[, bg], Wu[, bu], Wd
+
+    def pairs() -> dict:
+        handle = href()
+        return handle.kept("swiglu merged pairs", dict) if handle is not None else {}
+
+    def pair_of(params):
+        p = pairs().get(id(params[0]))
+        return p if p is not None and p.serves(params, up_at) else None
 
     def run(x, *params):
-        w, b = ref().weights()
+        w, b = pair_of(params).weights()
         return F.linear(x, w, b).split(params[0].shape[0], -1)
 
     def check(x, *params):
-        p = ref()
+        p = pair_of(params)
+        handle = href()
+        if p is None and handle is not None:
+            mods = _owners(handle, params, up_at)
+            if mods is None:
+                return "merged gate|up: the weights are not Linears' own parameters"
+            g, u, d = mods
+            p = handle.kept(("swiglu merged", id(g), id(u), id(d)), lambda: _Pair(g, u, d, kind, handle))
+            pairs()[id(params[0])] = p
         if p is None:
-            return "merged gate|up: its state is gone"
+            return "merged gate|up: the compiled model is gone"
         st = p.state
-        if (params[0] is not st.gate.weight or params[up_at] is not st.up.weight
-                or (up_at == 2 and (params[1] is not st.gate.bias or params[3] is not st.up.bias))):
-            return "merged gate|up: the weights are not the Linears' parameters any more"
         w = params[0]
         if x.dtype != w.dtype or x.device != w.device or x.dim() < 1 or x.shape[-1] != w.shape[1]:
             return "merged gate|up: the input is not the weights' dtype, device or width"
