@@ -57,11 +57,12 @@ def merged_mode(monkeypatch):
     monkeypatch.setenv(merge.ENV_MODE, "merged")
 
 
-def test_coverage_llama_served_merged_with_hf_bits(merged_mode):
+@pytest.mark.parametrize("model_type", ["llama", "gemma"])  # SiLU; GeGLU (tanh-GELU)
+def test_coverage_model_served_merged_with_hf_bits(merged_mode, model_type):
     from opgym.coverage import build
 
-    m, _, _ = build.build("llama", 0)
-    ref, _, _ = build.build("llama", 0)
+    m, _, _ = build.build(model_type, 0)
+    ref, _, _ = build.build(model_type, 0)
     layers = len(m.model.layers)
     h = graph.compile(m, verify=False)
     ids = _ids()
@@ -294,6 +295,15 @@ def test_one_graph_for_several_mlps_merges_each(merged_mode):
     sd = m.state_dict()
     assert all(torch.equal(sd[k], v) for k, v in ref.state_dict().items())
     assert not any(_shared(b.mlp) for b in m.blocks)
+
+
+def test_no_merge_with_cuda_graphs(merged_mode):
+    """A CUDA graph's replay would skip the per-call check and read a captured buffer: not offered there."""
+    m = _llama()
+    h = graph.compile(m, verify=False, cuda_graphs=True)
+    with torch.no_grad():
+        m(_ids())
+    assert h.form_regions[FORM] == 0 and h.replaced["swiglu"] == 2, h
 
 
 def test_no_handle_no_merge(merged_mode):

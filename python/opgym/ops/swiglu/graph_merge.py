@@ -90,7 +90,10 @@ def find(graph: fx.Graph, act_regions: list[dict]) -> list[dict]:
     gm = graph.owning_module
     href = getattr(gm, "meta", {}).get(_HANDLE)
     handle = href() if href is not None else None
-    if handle is None:
+    # Not with CUDA graphs: a replay skips the per-call check and reads the buffer captured at its first merge,
+    # which the parameters, merged during the warm-up, do not pin as in-place inputs (a state_dict's unmerge
+    # would free it under the capture). Unmerged, the parameters are read in place.
+    if handle is None or handle.cuda_graphs.enabled:
         return []
     try:
         if mode() == "act":
