@@ -96,6 +96,8 @@ class GraphHandle:
         for m in self._modules():
             m._compiled_call_impl = self._compiled.get(id(m), m._compiled_call_impl)
         self.islands.install()
+        for fn in self._redo_fns:  # what patterns put back on the modules (on_undo)
+            fn()
 
     def _redo_towers(self) -> None:
         if self.refused:
@@ -114,11 +116,16 @@ class GraphHandle:
     # State a pattern keeps on the compiled model's own modules across its graphs (swiglu's merged gate|up:
     # ops/swiglu/graph_merge.py, one merged buffer per MLP whichever graph - prefill, decode - calls it).
     _undo_fns: tuple = ()
+    _redo_fns: tuple = ()
     _kept: dict | None = None
 
-    def on_undo(self, fn) -> None:
-        """fn() runs at every undo() from now on (the merged gate|up Linears get storage of their own back)."""
+    def on_undo(self, fn, redo=None) -> None:
+        """fn() runs at every undo() from now on (the merged gate|up Linears get storage of their own back), and
+        redo(), if given, at every redo() (merged again then, not inside the next timed call: opgym run switches
+        sides with undo and redo)."""
         self._undo_fns = (*self._undo_fns, fn)
+        if redo is not None:
+            self._redo_fns = (*self._redo_fns, redo)
 
     def kept(self, key, make):
         """The object kept under `key` for this handle's graphs: make() at the first ask."""

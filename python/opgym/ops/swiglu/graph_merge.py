@@ -20,8 +20,8 @@ the probe finds it exact: unlike patch, the graph path never forces the merge.
 Replaced by one GEMM whose output is split into its gate and up halves (views of one [.., 2I] tensor); the
 activation region then runs swiglu_merged over the whole tensor (`act_on_halves`): opgym::swiglu on the views
 themselves would give torch's bits for views, which differ from a separate, contiguous gate's where torch's
-vector loop leaves a tail per row. Each call checks (GuardedRegion's check) that the graph's weights are still
-the Linears' parameters, that the probe still admits their current signature (after a dtype or device move it
+vector loop leaves a tail per row. Each call checks (GuardedRegion's check) that the graph's weights are
+Linears' own parameters (and finds their MLP's state), that the probe still admits their current signature (after a dtype or device move it
 probes again, and unmerges where the merge is not exact), and the race's verdict for the call's rows; otherwise
 the captured separate GEMMs run (counted, with the reason). The buffer is taken from `Merged.intact()`/`merge()`
 at every call: merged again from the Linears' current values when anything replaced their data (a move, a
@@ -30,8 +30,8 @@ state_dict, undo), never stale.
 One `Merged` per MLP, kept on the GraphHandle (`kept`) and shared by all its graphs (prefill, decode), so graphs
 never merge against each other; found per call from the parameters the call passes, since one graph may serve
 many MLPs (`replacement`). Its state_dict pre-hooks (on both Linears, so whichever a state_dict reaches
-first) unmerge: every state_dict sees each Linear with storage of its own; `handle.undo()` unmerges too.
-Counted as a form of swiglu ("swiglu merged": GraphHandle.form_regions and forms()): the activation region stays
+first) unmerge: every state_dict sees each Linear with storage of its own; `handle.undo()` unmerges too, and
+`redo()` merges again what it unmerged. Not with CUDA graphs (`find`). Counted as a form of swiglu ("swiglu merged": GraphHandle.form_regions and forms()): the activation region stays
 swiglu's own, so `replaced` and `stats()` count what they counted without it."""
 from __future__ import annotations
 
@@ -182,7 +182,8 @@ class _Pair:
         self.state = Merged(gate, up, down, "auto", False, kind)
         self.state.ok = probe(gate, up, down, kind)[0]
         self.hooks: list = []
-        handle.on_undo(self.undo)
+        self.was_merged = False
+        handle.on_undo(self.undo, self.redo)
 
     def serves(self, params: tuple, up_at: int) -> bool:
         """Whether the graph's parameters (Wg[, bg], Wu[, bu], Wd) are this MLP's."""
@@ -202,7 +203,18 @@ class _Pair:
         for h in self.hooks:
             h.remove()
         self.hooks = []
+        self.was_merged = self.was_merged or self.state.w is not None
         self.state.unmerge()
+
+    def redo(self) -> None:
+        """Merged again if it was at undo() and still may be (the next call would merge it anyway)."""
+        if self.was_merged:
+            self.was_merged = False
+            try:
+                if self.state.allowed():
+                    self.weights()
+            except Exception:  # noqa: BLE001 - the model never raises because of opgym: the next call decides
+                pass
 
 
 def _owners(handle, params: tuple, up_at: int):
