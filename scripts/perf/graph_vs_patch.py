@@ -32,7 +32,7 @@ def main() -> None:
     cfg = models.qwen2_5_vl_3b_config(a.layers, a.layers)
     inp = models.make_inputs(cfg, image=models.synthetic_page(448, 448), prompt=None)
     sides = {"hf": models.build_model(cfg), "patch": models.build_model(cfg), "graph": models.build_model(cfg)}
-    opgym.patch(sides["patch"])
+    patched = opgym.patch(sides["patch"])
     handle = opgym.compile(sides["graph"])
 
     def prefill(m) -> float:
@@ -66,6 +66,12 @@ def main() -> None:
           f"warm-up, {handle.graphs} after")
     show("prefill ms", pre)
     show("decode ms/token", dec)
+    # the merged gate|up: what the probe and race decided (one cache: patch's notes say it for both sides) and
+    # what the graph side's merged form served, per call, with why not
+    for k, v in patched.notes.items():
+        if k.startswith("swiglu"):
+            print(f"{k}: {v}")
+    print(f"graph side: form_regions {dict(handle.form_regions)}; forms {handle.forms()['ops']}")
     if a.profile:
         from torch.profiler import profile
         for k in ("patch", "graph"):

@@ -85,6 +85,8 @@ class GraphHandle:
     def undo(self) -> None:
         """The model and its towers run their own calls again; `redo()` puts the compiled calls back (Dynamo's
         graphs kept: no recompilation)."""
+        for fn in self._undo_fns:  # what patterns changed on the modules (on_undo)
+            fn()
         for m in self._modules():
             m._compiled_call_impl = None
         self.islands.remove()
@@ -95,6 +97,8 @@ class GraphHandle:
         for m in self._modules():
             m._compiled_call_impl = self._compiled.get(id(m), m._compiled_call_impl)
         self.islands.install()
+        for fn in self._redo_fns:  # what patterns put back on the modules (on_undo)
+            fn()
 
     def _redo_towers(self) -> None:
         if self.refused:
@@ -109,6 +113,28 @@ class GraphHandle:
         cg = f", cuda_graphs={self.cuda_graphs.as_dict()}" if self.cuda_graphs.enabled else ""
         return (f"GraphHandle(graphs={self.graphs}, replaced={dict(self.replaced)}, "
                 f"form_regions={dict(self.form_regions)}, skipped={ {k: dict(v) for k, v in self.skipped.items()} }{cg})")
+
+    # State a pattern keeps on the compiled model's own modules across its graphs (swiglu's merged gate|up:
+    # ops/swiglu/graph_merge.py, one merged buffer per MLP whichever graph - prefill, decode - calls it).
+    _undo_fns: tuple = ()
+    _redo_fns: tuple = ()
+    _kept: dict | None = None
+
+    def on_undo(self, fn, redo=None) -> None:
+        """fn() runs at every undo() from now on (the merged gate|up Linears get storage of their own back), and
+        redo(), if given, at every redo() (merged again then, not inside the next timed call: opgym run switches
+        sides with undo and redo)."""
+        self._undo_fns = (*self._undo_fns, fn)
+        if redo is not None:
+            self._redo_fns = (*self._redo_fns, redo)
+
+    def kept(self, key, make):
+        """The object kept under `key` for this handle's graphs: make() at the first ask."""
+        if self._kept is None:
+            self._kept = {}
+        if key not in self._kept:
+            self._kept[key] = make()
+        return self._kept[key]
 
 
 _DEFAULT = GraphHandle()
@@ -186,6 +212,28 @@ def rewrite(gm: fx.GraphModule, handle: GraphHandle, ops=None) -> fx.GraphModule
     return gm
 
 
+def _mark_parameters(gm: fx.GraphModule, example_inputs, handle: GraphHandle) -> None:
+    """Each placeholder whose example input is a parameter of the compiled model (Dynamo passes example_inputs in
+    placeholder order, and a module's parameter as the nn.Parameter itself) gets meta["opgym_owner"]: (a weakref
+    to the module holding it, the attribute's name); the graph gets meta["opgym_handle"], a weakref to the handle.
+    For patterns that find a module's parameters in the graph (swiglu's merged gate|up). Only weakrefs: no
+    example input is kept."""
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    params = {id(e): i for i, e in enumerate(example_inputs) if isinstance(e, torch.nn.Parameter)}
+    if not params or len(places) != len(example_inputs):
+        return
+    owners: dict = {}
+    for root in handle._modules():
+        for m in root.modules():
+            for name, p in m.named_parameters(recurse=False):
+                if id(p) in params:
+                    owners.setdefault(params[id(p)], (weakref.ref(m), name))
+    if owners:
+        gm.meta["opgym_handle"] = weakref.ref(handle)
+    for i, owner in owners.items():
+        places[i].meta["opgym_owner"] = owner
+
+
 def backend(gm: fx.GraphModule, example_inputs, handle: GraphHandle | None = None):
     """A torch.compile backend: the graph rewritten by opgym's patterns, run eagerly (or, with the handle's
     cuda_graphs enabled, captured and replayed as a CUDA graph where that is safe: cuda_graphs.py)."""
@@ -194,6 +242,7 @@ def backend(gm: fx.GraphModule, example_inputs, handle: GraphHandle | None = Non
         handle.graphs += 1
         pristine = copy.deepcopy(gm.graph)
         try:
+            _mark_parameters(gm, example_inputs, handle)
             rewrite(gm, handle)
         except Exception as e:  # noqa: BLE001 - the model never raises because of opgym: run it as captured
             handle.skipped["<graph>"][f"opgym error while rewriting: {type(e).__name__}: {e}"] += 1

@@ -55,21 +55,23 @@ def signature(g: nn.Linear, d: nn.Linear, act: str = "silu") -> tuple:
             g.bias is not None, act)
 
 
-def probe(g: nn.Linear, u: nn.Linear, d: nn.Linear, act: str = "silu") -> tuple[bool, bool]:
+def probe(g: nn.Linear, u: nn.Linear, d: nn.Linear, act: str = "silu", in_backend: bool = False) -> tuple[bool, bool]:
     """(merged GEMM == separate GEMMs, row chunks == whole) on random rows, bit for bit, with torch's own
     GEMMs on this machine; cached per signature and environment. (False, False) when the probe raised
-    (not cached: the next call probes again)."""
+    (not cached: the next call probes again). in_backend: called from a torch.compile backend (the graph
+    path's merged form, graph_merge.py), which runs on real tensors and may probe."""
     key = signature(g, d, act)
-    got = _PROBED.decide(key, lambda: _probe(g, u, d, act, key), device=key[1])
+    got = _PROBED.decide(key, lambda: _probe(g, u, d, act, key), device=key[1], in_backend=in_backend)
     return (False, False) if isinstance(got, Failed) else got
 
 
-def race(g: nn.Linear, u: nn.Linear, d: nn.Linear, act: str = "silu") -> dict | None:
+def race(g: nn.Linear, u: nn.Linear, d: nn.Linear, act: str = "silu", in_backend: bool = False) -> dict | None:
     """Both forms of an MLP whose merged GEMM is exact, timed on this machine with the layer's own weights
     (admission.fastest, interleaved rounds): {rows: (the faster form, "merged" or "act", {form: seconds})}
-    for each of RACE_ROWS; cached per signature and environment; None when the race raised (not cached)."""
+    for each of RACE_ROWS; cached per signature and environment; None when the race raised (not cached).
+    in_backend as for probe."""
     key = signature(g, d, act)
-    got = _RACED.decide(key, lambda: _race(g, u, d, act, key), device=key[1])
+    got = _RACED.decide(key, lambda: _race(g, u, d, act, key), device=key[1], in_backend=in_backend)
     return None if isinstance(got, Failed) else got
 
 

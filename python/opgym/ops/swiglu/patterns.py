@@ -2,7 +2,11 @@
 torch's SiLU or tanh-GELU (F.silu, F.gelu(approximate="tanh"), however the model's act_fn module spells it once
 Dynamo has inlined it), gate and up of one shape and dtype. Admitted by bits: the region, cut out of the graph,
 against opgym::swiglu on random rows of the call's width (and on its strides: chunk views of one projection
-stay views), and replaced only when they agree."""
+stay views), and replaced only when they agree.
+
+Where the gate and up come from two Linears of the compiled model, graph_merge.py's regions (found first) run them
+as one merged GEMM where its probes allow; the activation region then reads the merged output's halves
+(`act_on_halves`), and stays this op's region (counted as before)."""
 from __future__ import annotations
 
 import torch
@@ -11,6 +15,7 @@ import torch.fx as fx
 from ...admission import Verdicts
 from ...graph import regions
 from ...graph.regions import extract, is_call, same_bits, val
+from . import graph_merge
 
 OP = torch.ops.opgym.swiglu.default
 _VERDICTS = Verdicts("swiglu graph region")
@@ -27,6 +32,11 @@ def _activation(node) -> str | None:
 
 
 def find(graph: fx.Graph) -> list[dict]:
+    act = _find_act(graph)
+    return graph_merge.find(graph, act) + act  # the merged GEMMs first: their activation regions read them
+
+
+def _find_act(graph: fx.Graph) -> list[dict]:
     out = []
     for m in graph.nodes:
         if not is_call(m, "mul") or len(m.args) != 2 or m.kwargs:
@@ -67,9 +77,24 @@ def _probe(region: dict):
 
 
 def admit(region: dict):
-    """(verdict, None) or (None, why not): the probe, once per signature (graph/regions.admit)."""
+    """(verdict, None) or (None, why not): the probe, once per signature (graph/regions.admit); a merged region's
+    admission is graph_merge's."""
+    if region.get("kind") == graph_merge.FORM:
+        return graph_merge.admit(region, admit)
     return regions.admit(_VERDICTS, region, _probe)
 
 
-def replacement(region: dict, kind) -> tuple:
-    return OP, (kind,)
+def replacement(region: dict, verdict) -> tuple:
+    if region.get("kind") == graph_merge.FORM:
+        return graph_merge.replacement(region, verdict)
+    if graph_merge.on_halves(region["inputs"]):  # a merged GEMM before it was admitted (rewrite maps the inputs)
+        captured = extract(region["inputs"], region["output"], region["nodes"])
+        return graph_merge.act_on_halves(verdict, captured), ()
+    return OP, (verdict,)
+
+
+def splice_region(graph: fx.Graph, region: dict, call) -> dict:
+    """A merged region has two outputs (graph_merge.splice); an activation region, one."""
+    if region.get("kind") == graph_merge.FORM:
+        return graph_merge.splice(graph, region, call)
+    return {region["output"]: regions.splice(graph, region["output"], call, tuple(region["inputs"]))}
