@@ -857,3 +857,22 @@ def test_float32_weight_on_a_bf16_stream_cast_once(cls, served):
         got = mod(x)
     assert got.dtype == torch.bfloat16 and torch.equal(got, want)
     assert h.replaced["rms_norm"] == int(served), h
+
+
+class _TransposedGate(nn.Module):
+    """Mamba's gated output under transformers 4.57.6: act(gate) * y on [B, I, T] views of [B, T, I] tensors (the
+    last dim strided): no candidate for opgym::swiglu, which reads rows; said why, and HF's bits."""
+
+    def forward(self, g, u):
+        return nn.functional.silu(g.transpose(1, 2)) * u.transpose(1, 2)
+
+
+def test_a_gate_strided_in_its_last_dim_stays_as_captured_and_says_why():
+    gen = torch.Generator().manual_seed(4)
+    g, u = (torch.randn(1, 16, 128, generator=gen).to(torch.bfloat16) for _ in range(2))
+    mod = _TransposedGate()
+    h = graph.compile(mod)
+    with torch.no_grad():
+        assert torch.equal(mod(g, u), _TransposedGate()(g, u))
+    assert h.replaced["swiglu"] == 0 and h.stats()["ops"]["swiglu"]["fallback"] == 0, h
+    assert any("not contiguous in its last dim" in why for why in h.skipped["swiglu"]), h.skipped

@@ -64,7 +64,10 @@ def _find_act(graph: fx.Graph) -> list[dict]:
 
 
 def _probe(region: dict):
-    kind, order, dtype, width, _ = region["signature"]
+    kind, order, dtype, width, strides = region["signature"]
+    if strides != (1, 1):  # Mamba's gate under transformers 4.57.6 is a transposed [B, I, T] view
+        return None, (f"gate or up is not contiguous in its last dim (strides {strides}): opgym::swiglu reads "
+                      "rows")
     fn = extract(region["inputs"], region["output"], region["nodes"])
     g = torch.Generator().manual_seed(7)
     probes = []
