@@ -172,6 +172,24 @@ def test_undo_gives_each_linear_its_storage_back(merged_mode):
         assert sd["gate_proj.weight"].untyped_storage().data_ptr() != sd["up_proj.weight"].untyped_storage().data_ptr()
 
 
+def test_merged_in_inference_mode_then_a_gradient(merged_mode):
+    """The first call merges; under inference_mode (opgym run's) the buffer must still be a normal tensor, or a
+    later call that records autograd raises - and the graph path is refused for the model."""
+    m, ref = _llama(), _llama()
+    h = graph.compile(m, verify=False)
+    ids = _ids()
+    with torch.inference_mode():
+        assert torch.equal(m(ids).logits, ref(ids).logits)
+        if _exact_here(m):
+            assert _shared(m.model.layers[0].mlp)
+        m.state_dict()  # unmerged there too: normal tensors
+        m(ids)
+    out = m(ids).logits  # gradient needed: the captured GEMMs on the merged halves
+    out.float().sum().backward()
+    assert h.refused is None and torch.equal(out, ref(ids).logits)
+    assert m.model.layers[0].mlp.gate_proj.weight.grad is not None
+
+
 def test_dtype_moves_stay_exact(merged_mode):
     """Each dtype a graph of its own (Dynamo's dtype guard), one merged state shared by them: float64 has no opgym
     activation, so no merged form (the Linears keep the storage the move gave them); back in bf16 the graph

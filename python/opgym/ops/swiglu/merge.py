@@ -174,9 +174,12 @@ class Merged:
             self.merge()
         return self.w, self.b
 
+    # Merged and unmerged as normal tensors even under torch.inference_mode (a call there may merge: the graph
+    # path's first call, or any call after a move): the Linears' data made of inference tensors would make every
+    # later call that records autograd raise ("Inference tensors cannot be saved for backward").
     def merge(self) -> None:
         bufs = []
-        with torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad():
             for pg, pu in self._params():
                 n = pg.shape[0]
                 buf = torch.cat([pg.detach(), pu.detach()])
@@ -187,7 +190,7 @@ class Merged:
     def unmerge(self, *_args, **_kwargs) -> None:
         if self.w is None:
             return
-        with torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad():
             for pg, pu in self._params():
                 if pg.untyped_storage().data_ptr() == pu.untyped_storage().data_ptr():  # one storage: each its own
                     pg.data, pu.data = pg.data.clone(), pu.data.clone()
