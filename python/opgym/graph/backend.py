@@ -301,9 +301,10 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
 
     `verify` (default True): the calls of the model (and of each nested model called on its own) that may compile
     a new program - each input form's first calls of new shapes (below, "the calls checked"): a generate's prefill
-    and first two decode steps - are also run as HF's own code; where the two outputs' bits differ, the module where the programs part runs as HF's
-    own code inside the compiled model (`handle.islands`), or, where none is found, the graph path is refused
-    for the model (below, "checked against HF eager"); False skips those extra eager forwards."""
+    and first two decode steps - are also run as HF's own code; where the two outputs' bits differ, the module
+    where the programs part runs as HF's own code inside the compiled model (`handle.islands`), or, where none is
+    found, the graph path is refused for the model (below, "checked against HF eager"); False skips those extra
+    eager forwards."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"opgym.compile: expected a torch.nn.Module, got {type(model).__name__}")
     handle = GraphHandle(model, cuda_graphs=cuda_graphs)
@@ -347,11 +348,11 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
 # that (`is_torchdynamo_compiling()`): Jamba's Mamba layers take an associative scan when compiling and a
 # sequential one in eager, whose bits differ (measured, tiny seeded Jamba, transformers 5.23: 1143 of 4096 logits,
 # with Dynamo's own backend="eager" as with opgym's). No pattern can see that in the graph - it is a different
-# program, made of ordinary ops. So each compiled module's call that may compile a new program (the model's, and a nested model's called on
-# its own, as generate does with a vision tower) runs twice: HF's own code for real (the compiled calls taken out,
-# so the caches grow as HF grows them), then the compiled call on deep copies of the caches among the arguments,
-# from the same RNG state; their outputs' tensors are compared bit for bit, and the call returns HF's output. A
-# difference first looks for eager islands (islands.py: the module where the programs part runs as HF's code, the
+# program, made of ordinary ops. So each compiled module's call that may compile a new program (the model's, and a
+# nested model's called on its own, as generate does with a vision tower; "the calls checked" below) runs twice:
+# HF's own code for real (the compiled calls taken out, so the caches grow as HF grows them), then the compiled
+# call on deep copies of the caches among the arguments, from the same RNG state; their outputs' tensors are
+# compared bit for bit, and the call returns HF's output. A difference first looks for eager islands (islands.py: the module where the programs part runs as HF's code, the
 # model is compiled again and checked again); where none is found, it refuses the graph path for the whole
 # handle: the model and its towers run their own code from then on (`handle.refused` says why, and a warning).
 # The check costs one eager forward per call checked (and, where the bits differ, two more and a recompilation per

@@ -3,8 +3,8 @@ inside an otherwise compiled model.
 
 Dynamo captures the program a model runs *while compiling*, and transformers' code sometimes branches on that
 (`is_torchdynamo_compiling()`): Jamba's Mamba mixer takes an associative scan when compiling and a sequential
-loop in eager, whose bits differ. The check of a call (backend.py: a model's first calls of each input form) sees the model's output differ; before it
-refuses the whole graph path, it looks for where the two programs part:
+loop in eager, whose bits differ. The check of a call (backend.py: a model's first calls of each input form)
+sees the model's output differ; before it refuses the whole graph path, it looks for where the two programs part:
 
 1. `locate` runs the model twice more, on private copies of the call's caches, with a forward hook on every
    submodule: once as HF eager, once compiled (a throwaway compile, opgym's patterns included). Each hook keeps
