@@ -242,9 +242,10 @@ class _MLP(nn.Module):
     """A gated MLP (bias on every Linear) and its near misses: `up_x` the up Linear reads another tensor; `leak` the
     gate's output is read elsewhere too."""
 
-    def __init__(self, up_x=False, leak=False, bias=True):
+    def __init__(self, up_x=False, leak=False, bias=True, up_bias=None):
         super().__init__()
-        self.gate_proj, self.up_proj = nn.Linear(32, 48, bias=bias), nn.Linear(32, 48, bias=bias)
+        self.gate_proj = nn.Linear(32, 48, bias=bias)
+        self.up_proj = nn.Linear(32, 48, bias=bias if up_bias is None else up_bias)
         self.down_proj = nn.Linear(48, 32, bias=bias)
         self.up_x, self.leak = up_x, leak
 
@@ -255,7 +256,7 @@ class _MLP(nn.Module):
         return y + g[..., :32] if self.leak else y
 
 
-@pytest.mark.parametrize("near", [{}, {"up_x": True}, {"leak": True}, {"bias": False}], ids=str)
+@pytest.mark.parametrize("near", [{}, {"up_x": True}, {"leak": True}, {"bias": False}, {"up_bias": False}], ids=str)
 def test_near_misses_stay_as_captured(merged_mode, near):
     torch.manual_seed(3)
     m = _MLP(**near).eval().to(torch.bfloat16)
@@ -269,6 +270,8 @@ def test_near_misses_stay_as_captured(merged_mode, near):
     merged = near in ({}, {"bias": False}) and merge.probe(m.gate_proj, m.up_proj, m.down_proj)[0]
     assert h.form_regions[FORM] == int(merged), h
     assert h.replaced["swiglu"] == 1 and "<graph>" not in h.skipped, h  # the activation served either way
+    # a near miss is no candidate at all (not one refused by a probe)
+    assert not any("merged gate|up" in why for why in h.skipped.get("swiglu", {})), h
     assert _shared(m) == merged
 
 

@@ -106,7 +106,8 @@ def find(graph: fx.Graph, act_regions: list[dict]) -> list[dict]:
         gate, up = r["inputs"]
         act, mul = r["nodes"]
         g, u = _linear(gate), _linear(up)
-        if g is None or u is None or gate is up or g[3] is u[3] or g[0] is not u[0]:
+        if (g is None or u is None or gate is up or g[3] is u[3] or g[0] is not u[0]
+                or (g[2] is None) != (u[2] is None)):  # one buffer for the biases too, or none (Merged)
             continue
         if only_user(gate) is not act or only_user(up) is not mul:
             continue
