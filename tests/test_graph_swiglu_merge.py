@@ -47,6 +47,19 @@ def _exact_here(model) -> bool:
     return merge.probe(mlp.gate_proj, mlp.up_proj, mlp.down_proj)[0]
 
 
+def _merged_llama():
+    """(model, its reference, handle, ids) after one call through the graph path, skipped where the merge is not
+    exact here (then nothing merged)."""
+    m, ref = _llama(), _llama()
+    h = graph.compile(m, verify=False)
+    ids = _ids()
+    with torch.no_grad():
+        m(ids)
+    if not _exact_here(m):
+        pytest.skip("the merged GEMM is not exact on this machine")
+    return m, ref, h, ids
+
+
 # verify=False throughout: a compiled model's first call otherwise returns HF eager's own output (backend._Served),
 # and these tests must see the compiled call's bits from the first call on.
 
@@ -106,14 +119,9 @@ def test_mode_act_gives_no_merged_form(monkeypatch):
 
 
 def test_state_dict_unmerges_and_the_next_call_merges_again(merged_mode):
-    m, ref = _llama(), _llama()
-    h = graph.compile(m, verify=False)
-    ids = _ids()
+    m, ref, h, ids = _merged_llama()
+    mlp = m.model.layers[1].mlp
     with torch.no_grad():
-        m(ids)
-        mlp = m.model.layers[1].mlp
-        if not _exact_here(m):
-            pytest.skip("the merged GEMM is not exact on this machine")
         assert _shared(mlp)
         sd = m.state_dict()
         g, u = sd["model.layers.1.mlp.gate_proj.weight"], sd["model.layers.1.mlp.up_proj.weight"]
@@ -152,13 +160,8 @@ def test_weights_changed_or_replaced_while_merged_are_read(merged_mode):
 
 
 def test_undo_gives_each_linear_its_storage_back(merged_mode):
-    m, ref = _llama(), _llama()
-    h = graph.compile(m, verify=False)
-    ids = _ids()
+    m, ref, h, ids = _merged_llama()
     with torch.no_grad():
-        m(ids)
-        if not _exact_here(m):
-            pytest.skip("the merged GEMM is not exact on this machine")
         assert _shared(m.model.layers[0].mlp)
         h.undo()
         assert not any(_shared(layer.mlp) for layer in m.model.layers)
