@@ -1,5 +1,5 @@
 """Eager islands (opgym/graph/islands.py): where transformers' code takes another branch under torch.compile, the
-first call's check finds the module where the two programs part, runs that module's class as HF's own code, and
+check of a call finds the module where the two programs part, runs that module's class as HF's own code, and
 serves the rest of the model through the graph path - instead of refusing the whole model. Jamba's Mamba mixer
 (an associative scan when compiling, a loop in eager) is the case in the zoo."""
 from __future__ import annotations

@@ -121,7 +121,7 @@ def print_table(report: dict, file=None) -> None:
                   f"{s['identical']} bit-identical, {len(s['changed'])} changed {s['changed']}, "
                   f"{len(s['patch_raised'])} patch raised, {len(s['patched_forward_raised'])} patched forward raised, "
                   f"{len(s['forward_failed'])} forward failed, {len(s['could_not_build'])} could not build, "
-                  f"{len(s['timed_out'])} timed out, {len(s.get('refused', []))} refused by the first call's check "
+                  f"{len(s['timed_out'])} timed out, {len(s.get('refused', []))} refused by a checked call "
                   f"{s.get('refused', [])}, {len(s.get('islands', []))} served around eager islands "
                   f"{s.get('islands', [])}; "
                   f"{s['image_inputs']} fed images; {report['seconds']} s")

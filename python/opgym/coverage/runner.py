@@ -225,7 +225,7 @@ def _through_graph(model, inputs, ref, result: dict, t0: float, tokens=None) -> 
             result["islands"] = dict(handle.islands.why)
             for cls, why in handle.islands.why.items():
                 result["skipped"][f"eager island {cls}: {why}"] = 1
-        if handle.refused:  # the first call's check found the captured program is not HF eager's: nothing served
+        if handle.refused:  # a checked call found the captured program is not HF eager's: nothing served
             result.update(refused=handle.refused, patched={}, fused={}, fallback={})
             result["skipped"][f"graph path refused: {handle.refused}"] = 1
         if got is not None and tokens is not None:
