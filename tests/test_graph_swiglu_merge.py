@@ -259,17 +259,23 @@ class _MLP(nn.Module):
         return y + g[..., :32] if self.leak else y
 
 
-@pytest.mark.parametrize("near", [{}, {"up_x": True}, {"leak": True}, {"bias": False}, {"up_bias": False}], ids=str)
-def test_near_misses_stay_as_captured(merged_mode, near):
-    torch.manual_seed(3)
-    m = _MLP(**near).eval().to(torch.bfloat16)
-    ref = _MLP(**near).eval().to(torch.bfloat16)
+def _compiled_twin(make, seed: int):
+    """(model, its twin, handle): make() compiled through the graph path, its output on two calls its uncompiled
+    twin's."""
+    torch.manual_seed(seed)
+    m, ref = make().eval().to(torch.bfloat16), make().eval().to(torch.bfloat16)
     ref.load_state_dict(m.state_dict())
     h = graph.compile(m, verify=False)
     x = torch.randn(2, 5, 32).to(torch.bfloat16)
     with torch.no_grad():
         assert torch.equal(m(x), ref(x))
         assert torch.equal(m(x), ref(x))
+    return m, ref, h
+
+
+@pytest.mark.parametrize("near", [{}, {"up_x": True}, {"leak": True}, {"bias": False}, {"up_bias": False}], ids=str)
+def test_near_misses_stay_as_captured(merged_mode, near):
+    m, _, h = _compiled_twin(lambda: _MLP(**near), seed=3)
     merged = near in ({}, {"bias": False}) and merge.probe(m.gate_proj, m.up_proj, m.down_proj)[0]
     assert h.form_regions[FORM] == int(merged), h
     assert h.replaced["swiglu"] == 1 and "<graph>" not in h.skipped, h  # the activation served either way
@@ -304,14 +310,7 @@ class _Tower(nn.Module):
 
 
 def test_one_graph_for_several_mlps_merges_each(merged_mode):
-    torch.manual_seed(4)
-    m, ref = _Tower().eval().to(torch.bfloat16), _Tower().eval().to(torch.bfloat16)
-    ref.load_state_dict(m.state_dict())
-    h = graph.compile(m, verify=False)
-    x = torch.randn(2, 5, 32).to(torch.bfloat16)
-    with torch.no_grad():
-        assert torch.equal(m(x), ref(x))
-        assert torch.equal(m(x), ref(x))
+    m, ref, h = _compiled_twin(_Tower, seed=4)
     if not merge.probe(m.blocks[0].mlp.gate_proj, m.blocks[0].mlp.up_proj, m.blocks[0].mlp.down_proj)[0]:
         pytest.skip("the merged GEMM is not exact on this machine")
     assert h.form_regions[FORM] < 3, h  # fewer regions than blocks: one region serves several MLPs
