@@ -329,18 +329,18 @@ def test_a_compile_only_branch_of_a_decode_step_is_found_at_that_step():
 
 
 def test_which_calls_are_checked(monkeypatch):
-    """Per form (keywords, dtypes, dims of 1), the first CHECKS_PER_FORM calls of new shapes; a repeat of checked
+    """Per form (keywords, dtypes, dims of 1, ...: checked._form), the first CHECKS_PER_FORM calls of new shapes; a repeat of checked
     shapes is not checked; verify=False checks none."""
     import importlib
 
-    backend = importlib.import_module("opgym.graph.backend")
+    served = importlib.import_module("opgym.graph.checked")._Served
     checked = []
-    first = backend._Served._first
+    first = served._first
 
     def counting(self, args, kwargs):
         checked.append(tuple(args[0].shape))
         return first(self, args, kwargs)
-    monkeypatch.setattr(backend._Served, "_first", counting)
+    monkeypatch.setattr(served, "_first", counting)
     x = _rows()
     for verify, want in [(True, [(2, 5, 16), (2, 1, 16), (2, 4, 16)]), (False, [])]:
         checked.clear()
@@ -368,3 +368,85 @@ def test_outputs_are_compared_field_by_field_not_in_insertion_order():
     with torch.no_grad():
         out = mod(torch.arange(3.0))
     assert h.refused is None and torch.equal(out["b"], torch.arange(3.0) * 2), h.refused
+
+
+# ---- what the form does not name: flags, train/eval, a guard on a size's range --------------------------------------
+class _ScanWhen(_ScanLike):
+    """Takes its compile branch only where `when(module, x)` holds: a flag's value, training, a size's range."""
+
+    def __init__(self, when):
+        super().__init__()
+        self.when = when
+
+    def forward(self, x, scan=False):
+        if self.when(self, x, scan):
+            return super().forward(x)
+        return x + x.sum(-1, keepdim=True)
+
+
+class _Switched(nn.Module):
+    def __init__(self, when, d=16):
+        super().__init__()
+        self.norm, self.mixer = _Norm(d), _ScanWhen(when)
+
+    def forward(self, x, scan=False, state=None):
+        if state is not None:
+            state.t.add_(1)
+        return self.mixer(self.norm(x), scan)
+
+
+@pytest.mark.parametrize("case", ["flag", "training"])
+def test_a_call_that_differs_in_a_flag_or_train_mode_alone_is_checked(case):
+    """Same shapes, same keywords; only a flag's value or the module's training flag differs, and the compiled
+    program with it takes the compile branch: that call is checked before it runs (its form names the flag and the
+    mode; a state among its arguments, so no check after the call could take its place), and HF's bits come back
+    (an island). Under a form of keywords and shapes alone it was not checked."""
+    when = (lambda m, x, scan: scan) if case == "flag" else (lambda m, x, scan: m.training)
+    ref = _Switched(when).eval()
+    net = copy.deepcopy(ref)
+    h = graph.compile(net)
+    x, state = _rows(), _State(16)
+    with torch.no_grad():
+        assert torch.equal(net(x, scan=False, state=state), ref(x, scan=False)) and not h.islands
+        if case == "training":
+            ref.train(), net.train()
+        kw = {"scan": case == "flag"}
+        assert torch.equal(net(x, state=state, **kw), ref(x, **kw)), (h.refused, h.islands.why)
+        assert list(h.islands.why) == [f"{__name__}._ScanWhen"] and h.unchecked == 0, (h.refused, h.islands.why)
+
+
+def _past_eight(m, x, scan):
+    return x.shape[-2] > 8  # a guard on the symbolic size's range once it is dynamic
+
+
+def test_a_recompile_no_form_foresaw_is_checked_after_the_call():
+    """Rows 5 and 4 are checked (the static program and the dynamic one, guarded rows <= 8); rows 12 fail that guard
+    and compile a third program, which takes the compile branch. That call is run again as the check (no cache among
+    its arguments), so it returns HF's bits and the mixer becomes an island."""
+    ref = _Switched(_past_eight)
+    net = copy.deepcopy(ref)
+    h = graph.compile(net)
+    x = torch.cat([_rows()] * 3, dim=1)
+    with torch.no_grad():
+        for rows in (5, 4, 12, 13):
+            assert torch.equal(net(x[:, :rows]), ref(x[:, :rows])), (rows, h.refused, h.islands.why)
+    assert list(h.islands.why) == [f"{__name__}._ScanWhen"] and h.unchecked == 0, (h.refused, h.islands.why)
+
+
+def test_a_recompile_no_form_foresaw_with_a_cache_is_counted_and_its_next_call_checked():
+    """The same third program, called with a state the forward grows: that call cannot run again, so its output
+    stands unchecked and is counted (`unchecked`); the next call of its form is checked and finds the island. The
+    state grew once per call, as HF grows it."""
+    ref = _Switched(_past_eight)
+    net = copy.deepcopy(ref)
+    h = graph.compile(net)
+    x = torch.cat([_rows()] * 3, dim=1)
+    state = _State(16)
+    with torch.no_grad():
+        for rows in (5, 4):
+            assert torch.equal(net(x[:, :rows], state=state), ref(x[:, :rows]))
+        net(x[:, :12], state=state)
+        assert h.unchecked == 1 and not h.islands, (h.unchecked, h.islands.why)
+        assert torch.equal(net(x[:, :12], state=state), ref(x[:, :12])), (h.refused, h.islands.why)
+    assert list(h.islands.why) == [f"{__name__}._ScanWhen"], (h.refused, h.islands.why)
+    assert torch.equal(state.t, torch.full((16,), 4.0))

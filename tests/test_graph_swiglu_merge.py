@@ -60,7 +60,7 @@ def _merged_llama():
     return m, ref, h, ids
 
 
-# verify=False throughout: a compiled model's first call otherwise returns HF eager's own output (backend._Served),
+# verify=False throughout: a compiled model's first call otherwise returns HF eager's own output (graph/checked.py),
 # and these tests must see the compiled call's bits from the first call on.
 
 

@@ -235,6 +235,8 @@ def _through_graph(model, inputs, ref, result: dict, t0: float, tokens=None) -> 
                 result["generate"]["refused"] = handle.refused
             if dict(handle.islands.why) != before[1]:
                 result["generate"]["islands"] = dict(handle.islands.why)
+        if handle.unchecked:  # calls that compiled a program no check foresaw and held a cache (graph/checked.py)
+            result["unchecked_compiles"] = handle.unchecked
         handle.undo()
     torch._dynamo.reset()
     if got is not None:

@@ -3,22 +3,21 @@ eagerly as Python (GraphModule.forward), as captured everywhere else."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import sys
 import threading
 import weakref
+from functools import partial
 
 import torch
 import torch.fx as fx
 
 from .. import ops as _ops_table
-from ..admission import bits_equal, count_differences
 from ..guard import SettingError, Stats, summary
+from .checked import _Served
 from .cuda_graphs import CudaGraphs
-from . import islands
 from .guarded import GuardedRegion
-from .islands import Islands, tensors_of
+from .islands import Islands
 from .regions import extract, prune, splice
 
 _LOCK = threading.Lock()
@@ -27,7 +26,8 @@ _LOCK = threading.Lock()
 class GraphHandle:
     """What `opgym.compile` returns: per op, the regions replaced and the candidates left as captured (with
     why), over every graph Dynamo handed the backend; the calls counted as in opgym.patch (`stats()`); the
-    number of graphs (`graphs`: a recompilation adds one); `undo()` and `redo()`; `cuda_graphs`: what the CUDA
+    number of graphs (`graphs`: a recompilation adds one); `unchecked`: the calls that compiled a program no
+    check foresaw and could not run again (checked.py); `undo()` and `redo()`; `cuda_graphs`: what the CUDA
     graphs did (opgym/graph/cuda_graphs.py; `enabled` False unless compiled with cuda_graphs=True)."""
 
     def __init__(self, model: torch.nn.Module | None = None, cuda_graphs: bool = False):
@@ -35,6 +35,8 @@ class GraphHandle:
         self._towers: list = []  # weakrefs to the nested models compiled with it (compile's `towers`)
         self._compiled: dict = {}  # id(module) -> the compiled call opgym.compile installed on it
         self.graphs = 0
+        self.compiles = 0  # graphs compiled, never reset (a call that compiled one: checked.py)
+        self.unchecked = 0  # calls that compiled a program no check foresaw and held a cache (checked.py)
         self.replaced: dict = collections.Counter()
         self.skipped: dict = collections.defaultdict(collections.Counter)
         self._stats = {name: Stats() for name in _ops_table.OPS}
@@ -64,6 +66,8 @@ class GraphHandle:
     def forget(self) -> None:
         """The graphs, regions and calls counted so far dropped (compile's recompilation after an island)."""
         self.graphs = 0
+        self.compiles = 0  # graphs compiled, never reset (a call that compiled one: checked.py)
+        self.unchecked = 0  # calls that compiled a program no check foresaw and held a cache (checked.py)
         self.replaced.clear()
         self.skipped.clear()
         self.form_regions.clear()
@@ -240,6 +244,7 @@ def backend(gm: fx.GraphModule, example_inputs, handle: GraphHandle | None = Non
     handle = handle or _DEFAULT
     with _LOCK:
         handle.graphs += 1
+        handle.compiles += 1
         pristine = copy.deepcopy(gm.graph)
         try:
             _mark_parameters(gm, example_inputs, handle)
@@ -300,11 +305,11 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
     nothing and says why (`handle.cuda_graphs.off`: "no CUDA tensors").
 
     `verify` (default True): the calls of the model (and of each nested model called on its own) that may compile
-    a new program - each input form's first calls of new shapes (below, "the calls checked"): a generate's prefill
-    and first two decode steps - are also run as HF's own code; where the two outputs' bits differ, the module
-    where the programs part runs as HF's own code inside the compiled model (`handle.islands`), or, where none is
-    found, the graph path is refused for the model (below, "checked against HF eager"); False skips those extra
-    eager forwards."""
+    a new program - each input form's first calls of new sizes, and any other call that compiled one (checked.py,
+    "the calls checked"): a generate's prefill and first two decode steps - are also run as HF's own code; where
+    the two outputs' bits differ, the module where the programs part runs as HF's own code inside the compiled
+    model (`handle.islands`), or, where none is found, the graph path is refused for the model (checked.py); False
+    skips those extra eager forwards."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"opgym.compile: expected a torch.nn.Module, got {type(model).__name__}")
     handle = GraphHandle(model, cuda_graphs=cuda_graphs)
@@ -324,7 +329,7 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
                 if m is not model:  # a tower checks its calls again
                     served[id(m)].checked.clear()
             else:
-                served[id(m)] = _Served(m, m._compiled_call_impl, handle, verify, recompile)
+                served[id(m)] = _Served(m, m._compiled_call_impl, handle, verify, recompile, partial(diagnose, m))
             if m is not model and not any(r() is m for r in handle._towers):
                 handle._towers.append(weakref.ref(m))
             m._compiled_call_impl = served[id(m)]
@@ -335,246 +340,16 @@ def compile(model: torch.nn.Module, *, dynamic=None, recompile_limit: int = RECO
                 return served[id(model)](*args, **kwargs)
             model._compiled_call_impl = handle._compiled[id(model)] = call
 
+    def diagnose(m):  # m's call compiled apart, with a scratch handle (islands.locate's compiled side)
+        scratch = GraphHandle(None)
+        return torch.compile(m._call_impl, backend=lambda gm, ex: backend(gm, ex, scratch), isolate_recompiles=True)
+
     def recompile():  # after an island is added: what the earlier graphs counted is theirs, not the model's now
         handle.forget()
         install()
 
     install()
     return handle
-
-
-# ---- the first calls, checked against HF eager -----------------------------------------------------------------
-# Dynamo captures the program the model runs *under torch.compile*, and transformers' code sometimes branches on
-# that (`is_torchdynamo_compiling()`): Jamba's Mamba layers take an associative scan when compiling and a
-# sequential one in eager, whose bits differ (measured, tiny seeded Jamba, transformers 5.23: 1143 of 4096 logits,
-# with Dynamo's own backend="eager" as with opgym's). No pattern can see that in the graph - it is a different
-# program, made of ordinary ops. So each compiled module's call that may compile a new program (the model's, and a
-# nested model's called on its own, as generate does with a vision tower; "the calls checked" below) runs twice:
-# HF's own code for real (the compiled calls taken out, so the caches grow as HF grows them), then the compiled
-# call on deep copies of the caches among the arguments, from the same RNG state; their outputs' tensors are
-# compared bit for bit, and the call returns HF's output. A difference first looks for eager islands (islands.py: the module where the programs part runs as HF's code, the
-# model is compiled again and checked again); where none is found, it refuses the graph path for the whole
-# handle: the model and its towers run their own code from then on (`handle.refused` says why, and a warning).
-# The check costs one eager forward per call checked (and, where the bits differ, two more and a recompilation per
-# island).
-#
-# The calls checked: Dynamo compiles a new program where its guards fail - a call of new shapes, new keywords, a
-# size that becomes 1 - and its automatic dynamic shapes compile a size that changed once more, symbolic, then
-# reuse it (the growing cache length in decoding). transformers branches on compiling in the calls of one phase
-# only, too (a decode step's cache update, its mask). So each call's form - its keywords, and per tensor argument
-# its dtype and which dims are 1 (a prefill and a decode step differ; decode steps of growing length do not) - has
-# its first CHECKS_PER_FORM calls of new shapes checked: the static program and the dynamic one. A generate checks
-# its prefill and its first two decode steps; a call of shapes already checked is not checked again (opgym run's
-# timed rounds repeat the warm-up's shapes: none is checked).
-CHECKS_PER_FORM = 2
-_VERIFYING = threading.local()
-
-
-_SHARED = (torch.Tensor, int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device)
-
-
-def _private_caches(args: tuple, kwargs: dict):
-    """args and kwargs with every argument that is no tensor, number, string or container of them deep-copied: the
-    caches a forward grows in place (transformers' Cache classes, and 4.57.6's MambaCache, which is none of them:
-    measured, tiny FalconMamba under 4.57.6, a generate's prefill checked against a cache the eager run had grown
-    already differed in 1587 logits). The eager run must not grow the real one. Tensors are shared (HF's forwards
-    do not write their inputs); an object that cannot be copied is shared too."""
-    def own(v):
-        if isinstance(v, _SHARED):
-            return v
-        if type(v) in (tuple, list):
-            return type(v)(own(x) for x in v)
-        if type(v) is dict:
-            return {k: own(x) for k, x in v.items()}
-        try:
-            return copy.deepcopy(v)
-        except Exception:  # noqa: BLE001 - not copyable: shared, as before
-            return v
-    return tuple(own(a) for a in args), {k: own(v) for k, v in kwargs.items()}
-
-
-class _Served:
-    """A compiled module's call: `compiled` with the calls checked against HF eager (when `verify`), and any
-    call that raises run again as HF's own code. Where that runs, the compiled call was the failure - Dynamo could
-    not trace some function (measured under transformers 4.57.6: Mamba's, Mamba2's and LFM2's cache set-up calls
-    mark_static_address, which Dynamo forbids in a graph) - and the model's calls go on under Dynamo's own
-    per-frame fallback (islands.frames: the functions it cannot trace run as HF's code, the rest compiled), the
-    next call checked again; a compiled call that raises under that fallback too refuses the graph path for the
-    model. Where HF's own code raises too, it is HF's own error, raised as is. A call that failed after some of its
-    graphs had run (a graph break before the failure) is not undone: the rerun starts from what they left (a cache
-    they grew grows again)."""
-
-    def __init__(self, module: torch.nn.Module, compiled, handle: GraphHandle, verify: bool, recompile):
-        self.module, self.compiled, self.handle, self.recompile = module, compiled, handle, recompile
-        self.verify = verify
-        self.checked: dict = {}  # a call's form -> the shapes checked in it (`_to_check`)
-
-    def run(self, *args, **kwargs):
-        """The compiled call, under Dynamo's per-frame fallback once the model needed it."""
-        if self.handle.islands.frames is None:
-            return self.compiled(*args, **kwargs)
-        with islands.frames():
-            return self.compiled(*args, **kwargs)
-
-    def after_failure(self, e, args, kwargs):
-        handle, module = self.handle, self.module
-        handle.undo()
-        try:
-            out = module._call_impl(*args, **kwargs)
-        except Exception:
-            handle.redo()
-            raise
-        said = f"{type(module).__name__}'s compiled call raised {_said(e)}{_where(e)}"
-        if handle.islands.frames is None:  # Dynamo's per-frame fallback from now on; its calls checked anew
-            handle.islands.add_frames(said)
-            handle.redo()
-            self.checked.clear()
-            return out
-        handle.refuse(f"{said}; HF's own code ran it")
-        return out
-
-    # Not traced: a call reached from inside another compiled region (the model's, after a graph break at a
-    # tower's call) would have Dynamo compile this Python - the check's eager run among it, as compiled code.
-    @torch._dynamo.disable
-    def __call__(self, *args, **kwargs):
-        handle, module = self.handle, self.module
-        if handle.refused:
-            return module._call_impl(*args, **kwargs)
-        if getattr(_VERIFYING, "on", False):  # inside another module's checked call: that one decides
-            return self.run(*args, **kwargs)
-        key = self._to_check(args, kwargs)
-        if key is None:
-            try:
-                return self.run(*args, **kwargs)
-            except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
-                return self.after_failure(e, args, kwargs)
-        _VERIFYING.on = True
-        try:
-            return self._first(args, kwargs)
-        except Exception:  # HF's own code raised (its error, as is): the next call of its shapes is checked
-            self.checked[key[0]].remove(key[1])
-            raise
-        finally:
-            _VERIFYING.on = False
-
-    def _to_check(self, args, kwargs):
-        """(form, shapes) when this call is checked against HF eager, else None: the calls that may compile a new
-        program (below, "the calls checked")."""
-        if not self.verify:
-            return None
-        ts = tensors_of((args, kwargs))
-        form = (len(args), tuple(sorted(kwargs)), tuple((t.dtype, tuple(n == 1 for n in t.shape)) for t in ts))
-        shapes = tuple(tuple(t.shape) for t in ts)
-        seen = self.checked.setdefault(form, [])
-        if len(seen) >= CHECKS_PER_FORM or shapes in seen:
-            return None
-        seen.append(shapes)
-        return form, shapes
-
-    def _first(self, args, kwargs):
-        """HF's own code runs the call for real (the model's caches grow as HF grows them); the compiled call runs
-        on private copies of the caches, from the same RNG state; where their outputs' bits differ, eager islands
-        are tried (islands.py) before the graph path is refused."""
-        handle, module = self.handle, self.module
-        pristine = _private_caches(args, kwargs)
-        rng, cuda_rng = _rng_state()
-        handle.undo()
-        try:
-            ref = module._call_impl(*args, **kwargs)
-        except Exception:
-            handle.redo()
-            raise
-        after = _rng_state()
-        handle.redo()
-        why = None
-        for _ in range(islands.MAX_ISLANDS + 2):
-            _set_rng_state(rng, cuda_rng)
-            try:
-                a, k = _private_caches(*pristine)
-                got = self.run(*a, **k)
-            except Exception as e:  # noqa: BLE001 - HF's own code ran this call already
-                if handle.islands.frames is None:  # again under Dynamo's per-frame fallback (class docstring)
-                    handle.islands.add_frames(f"{type(module).__name__}'s compiled call raised {_said(e)}{_where(e)}")
-                    continue
-                why = f"its compiled call raised {_said(e)}; HF's own code ran it"
-                break
-            why = _output_difference(ref, got)
-            if why is None or not self._add_island(pristine, rng, cuda_rng):
-                break
-        _set_rng_state(*after)
-        if why is not None:
-            handle.refuse(f"{type(module).__name__}'s call through the graph path, checked: {why}")
-        return ref
-
-    def _add_island(self, pristine, rng, cuda_rng) -> bool:
-        """One more eager island where the compiled program parts from HF eager's, and the model compiled again;
-        False (nothing changed) where none can be found or MAX_ISLANDS are made already."""
-        handle, module = self.handle, self.module
-        if len(handle.islands.why) >= islands.MAX_ISLANDS:
-            return False
-        scratch = GraphHandle(None)
-        diag = torch.compile(module._call_impl, backend=lambda gm, ex: backend(gm, ex, scratch),
-                             isolate_recompiles=True)
-
-        def run(fn):
-            def go():
-                a, k = _private_caches(*pristine)
-                _set_rng_state(rng, cuda_rng)
-                with islands.frames() if handle.islands.frames is not None else contextlib.nullcontext():
-                    fn(*a, **k)
-            return go
-        handle.undo()
-        handle.islands.install()
-        try:
-            name, why = islands.locate(module, run(module._call_impl), run(diag))
-        except Exception as e:  # noqa: BLE001 - no island then: the graph path is refused
-            name, why = None, f"{type(e).__name__}: {e}"
-        finally:
-            handle.islands.remove()
-            handle.redo()
-        if name is None:
-            handle.islands.not_found = why
-            return False
-        cls = type(module.get_submodule(name))
-        if cls in handle.islands:
-            return False
-        handle.islands.add(module, cls, f"{why} (first seen at {name})")
-        self.recompile()
-        return True
-
-
-def _said(e: Exception) -> str:
-    """An exception's type and the first line of its message (200 characters at most)."""
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
-
-
-def _where(e: Exception) -> str:
-    """' (at file:line in function)': where in the model's code Dynamo's tracing failed, when it says."""
-    stack = getattr(e, "real_stack", None)
-    if not stack:
-        return ""
-    f = stack[-1]
-    return f" (at {f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name})"
-
-
-def _rng_state() -> tuple:
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return torch.random.get_rng_state(), cuda
-
-
-def _set_rng_state(rng, cuda_rng) -> None:
-    torch.random.set_rng_state(rng)
-    if cuda_rng is not None:
-        torch.cuda.set_rng_state_all(cuda_rng)
-
-
-def _output_difference(ref, got) -> str | None:
-    a, b = tensors_of(ref), tensors_of(got)
-    if len(a) != len(b):
-        return f"its output has {len(b)} tensors where HF eager's has {len(a)}"
-    bad = [i for i, (x, y) in enumerate(zip(a, b)) if not bits_equal(x, y)]
-    return (f"{sum(count_differences(a[i], b[i]) for i in bad)} elements of its output differ from HF eager's "
-            f"(transformers takes other code under torch.compile here)") if bad else None
 
 
 try:  # torch.compile(model, backend="opgym")

@@ -182,6 +182,7 @@ def graph_section(base, graph, opt, base_logits, graph_logits, patch_logits_diff
         "baseline_first_calls_ms": dict(bfc),
         "first_call_compile_ms": (fc["forward_ms"] - bfc["forward_ms"]
                                   if fc.get("forward_ms") is not None and bfc.get("forward_ms") is not None else None),
+        "unchecked_compiles": h.unchecked,  # calls that compiled a program no check foresaw, left unchecked
         "refused": h.refused,  # why a checked call refused the graph path (None: served)
         "islands": dict(h.islands.why),  # module classes run as HF's own code inside the compiled model
         "replaced": dict(h.replaced),
