@@ -450,3 +450,43 @@ def test_a_recompile_no_form_foresaw_with_a_cache_is_counted_and_its_next_call_c
         assert torch.equal(net(x[:, :12], state=state), ref(x[:, :12])), (h.refused, h.islands.why)
     assert list(h.islands.why) == [f"{__name__}._ScanWhen"], (h.refused, h.islands.why)
     assert torch.equal(state.t, torch.full((16,), 4.0))
+
+
+class _KV:
+    """A cache whose tensor grows at each call, as a DynamicCache's keys do: a decode step's own arguments keep
+    their shapes, only the cache's change."""
+
+    def __init__(self):
+        self.k = None
+
+
+class _LongScan(_ScanLike):
+    def forward(self, x, k):
+        return super().forward(x) if k.shape[1] > 6 else x + x.sum(-1, keepdim=True)
+
+
+class _Decoder(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.norm, self.mixer = _Norm(d), _LongScan()
+
+    def forward(self, x, cache):
+        cache.k = x if cache.k is None else torch.cat([cache.k, x], dim=1)
+        return self.mixer(self.norm(x), cache.k)
+
+
+def test_a_decode_step_whose_cache_grew_is_checked_before_it_runs():
+    """Prefill 5 rows, then one-row steps: the cache holds 6, then 7 rows, where the program (dynamic, past a
+    range guard) takes the compile branch. The step's own argument has the shape of the step before; the cache's
+    tensor does not, and the form reads it: that step is checked before it runs (nothing left unchecked), HF's
+    bits at every step."""
+    ref = _Decoder()
+    net = copy.deepcopy(ref)
+    h = graph.compile(net)
+    x = _rows()
+    mine, theirs = _KV(), _KV()
+    with torch.no_grad():
+        for rows in (slice(0, 5), slice(0, 1), slice(1, 2), slice(2, 3)):
+            assert torch.equal(net(x[:, rows], mine), ref(x[:, rows], theirs)), (rows, h.unchecked, h.islands.why)
+    assert h.unchecked == 0 and list(h.islands.why) == [f"{__name__}._LongScan"], (h.unchecked, h.islands.why)
+    assert torch.equal(mine.k, theirs.k)

@@ -21,9 +21,10 @@ from .islands import tensors_of
 # nested model's called on its own, as generate does with a vision tower; "the calls checked" below) runs twice:
 # HF's own code for real (the compiled calls taken out, so the caches grow as HF grows them), then the compiled
 # call on deep copies of the caches among the arguments, from the same RNG state; their outputs' tensors are
-# compared bit for bit, and the call returns HF's output. A difference first looks for eager islands (islands.py: the module where the programs part runs as HF's code, the
-# model is compiled again and checked again); where none is found, it refuses the graph path for the whole
-# handle: the model and its towers run their own code from then on (`handle.refused` says why, and a warning).
+# compared bit for bit, and the call returns HF's output. A difference first looks for eager islands (islands.py:
+# the module where the programs part runs as HF's code, the model is compiled again and checked again); where none
+# is found, it refuses the graph path for the whole handle: the model and its towers run their own code from then
+# on (`handle.refused` says why, and a warning).
 # The check costs one eager forward per call checked (and, where the bits differ, two more and a recompilation per
 # island).
 #
@@ -33,10 +34,11 @@ from .islands import tensors_of
 # branches on compiling in the calls of one phase only, too (a decode step's cache update, its mask). So each
 # call's form (`_form`: what Dynamo specializes on - its keywords; per tensor argument its dtype, device,
 # requires_grad and which dims are 1; the values of its flags and strings, and whether a number is 0 or 1;
-# the type of any other object; grad and inference mode, autocast, the module's training flag) has its first
-# CHECKS_PER_FORM calls of new sizes checked: the static program and the dynamic one. A generate checks its
-# prefill and its first two decode steps; a call of sizes already checked is not checked again (opgym run's timed
-# rounds repeat the warm-up's shapes: none is checked).
+# the type of any other object, and the same of its attributes' - a cache's tensors, whose length grows while a
+# decode step's own arguments keep their shapes; grad and inference mode, autocast, the module's training flag)
+# has its first CHECKS_PER_FORM calls of new sizes checked: the static program and the dynamic one. A generate
+# checks its prefill and its first two decode steps; a call of sizes already checked is not checked again (opgym
+# run's timed rounds repeat the warm-up's shapes: none is checked).
 #
 # What the form does not foresee (a guard on a size's range, a third size of one form), the handle's compile count
 # catches: an unchecked call during which a graph was compiled is checked after it ran - run again as the check,
@@ -72,14 +74,22 @@ def _private_caches(args: tuple, kwargs: dict):
 _SPECIALIZED = (bool, complex, str, bytes, type(None), torch.dtype, torch.device)
 
 
-def _leaves(v, path: tuple = ()) -> list:
-    """[(path, leaf)] of a call's arguments in a fixed order (tuples, lists and dicts opened; a dict's keys
-    sorted)."""
+def _leaves(v, path: tuple = (), depth: int = 0) -> list:
+    """[(path, leaf)] of a call's arguments in a fixed order: tuples, lists and dicts opened (a dict's keys
+    sorted); any other object is a leaf, followed by its attributes' leaves down to _DEPTH objects deep - a
+    DynamicCache's layers and their keys and values, whose growing length Dynamo guards on (measured, tiny Llama,
+    transformers 5.23: every decode step's own arguments have the same shapes)."""
     if isinstance(v, dict):
-        return [x for k in sorted(v, key=str) for x in _leaves(v[k], (*path, k))]
+        return [x for k in sorted(v, key=str) for x in _leaves(v[k], (*path, k), depth)]
     if type(v) in (tuple, list):
-        return [x for i, e in enumerate(v) for x in _leaves(e, (*path, i))]
-    return [(path, v)]
+        return [x for i, e in enumerate(v) for x in _leaves(e, (*path, i), depth)]
+    attrs = getattr(v, "__dict__", None)
+    if isinstance(v, _SHARED) or depth >= _DEPTH or not isinstance(attrs, dict) or isinstance(v, torch.nn.Module):
+        return [(path, v)]
+    return [(path, v), *(x for k in sorted(attrs, key=str) for x in _leaves(attrs[k], (*path, k), depth + 1))]
+
+
+_DEPTH = 3
 
 
 def _form(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
@@ -105,7 +115,7 @@ def _form(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
 def _holds_state(args: tuple, kwargs: dict) -> bool:
     """Whether the arguments hold an object a call may grow (what _private_caches copies): such a call cannot run
     again."""
-    return any(not isinstance(v, _SHARED) for _, v in _leaves((args, kwargs)))
+    return any(not isinstance(v, _SHARED) for _, v in _leaves((args, kwargs), depth=_DEPTH))
 
 
 class _Served:
