@@ -1,7 +1,7 @@
 """Runs transformers' model tests twice, without and with opgym patched into every model the tests
 build (tests/hf/opgym_plugin.py), and compares the outcomes test by test (`make test-hf`).
 
-    python tests/hf/driver.py [--models qwen2,llama,...] [-k EXPR] [--swiglu-mode merged] [--serial]
+    python tests/hf/driver.py [--models qwen2,llama,...] [-k EXPR] [--swiglu-mode merged] [--path graph] [--serial]
 
 The two runs go in parallel (one process each, one thread each: the machine has 2 cores) unless
 --serial. Exit status 1 when a test that passes without opgym fails (or errors) with it, or when a
@@ -64,7 +64,8 @@ def _pytest(run: Path, out: Path, tag: str, patch: bool, files: list[str], extra
 
 def _summary_of_patches(path: Path) -> dict:
     s = {"models": 0, "fused": 0, "fallback": 0, "reasons": collections.Counter(), "patch_errors": collections.Counter(),
-         "skipped": collections.Counter(), "by_op": collections.Counter(), "opgym_error_tests": set()}
+         "skipped": collections.Counter(), "by_op": collections.Counter(), "opgym_error_tests": set(),
+         "notes": collections.Counter()}
     if not path.exists():
         return s
     for line in path.read_text().splitlines():
@@ -84,6 +85,8 @@ def _summary_of_patches(path: Path) -> dict:
                 s["by_op"][op] += n
             for why in m.get("skipped", {}).values():
                 s["skipped"][why] += 1
+            for k, v in m.get("notes", {}).items() if m.get("path") == "graph" else ():
+                s["notes"][f"{k}: {str(v)[:160]}"] += 1  # the graph path's refusals, islands, unchecked calls
     return s
 
 
@@ -152,9 +155,11 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(fetch.MODELS))
     ap.add_argument("-k", default=None, help="pytest -k expression (both runs)")
     ap.add_argument("--swiglu-mode", default=None, help="OPGYM_SWIGLU_MODE for both runs (auto, merged, act)")
+    ap.add_argument("--path", choices=("patch", "graph"), default="patch",
+                    help="what the second run applies: opgym.patch, or opgym.compile (the exact graph path)")
     ap.add_argument("--serial", action="store_true", help="one run after the other")
     ap.add_argument("--all", action="store_true", help="ignore selection.txt (the full suites)")
-    ap.add_argument("--out", default=str(fetch.REPO / "results" / "hf"))
+    ap.add_argument("--out", default=None, help="results/hf, or results/hf-graph with --path graph")
     ap.add_argument("--cache", default=str(fetch.REPO / ".cache" / "hf-tests"))
     a = ap.parse_args()
     models = [m for m in a.models.split(",") if m]
@@ -162,11 +167,12 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown models {sorted(unknown)}; known: {list(fetch.MODELS)}")
     run = fetch.assemble(Path(a.cache))
-    out = Path(a.out).resolve()
+    out = Path(a.out or fetch.REPO / "results" / ("hf-graph" if a.path == "graph" else "hf")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     files = [f"tests/models/{m}/{fetch.MODELS[m]}" for m in models]
     extra = ([] if a.all else _deselect(run, models)) + (["-k", a.k] if a.k else [])
     env_extra = {"OPGYM_SWIGLU_MODE": a.swiglu_mode} if a.swiglu_mode else {}
+    env_extra["OPGYM_HF_PATH"] = a.path
     t0 = time.time()
     times = {}
     procs = []
@@ -190,6 +196,10 @@ def main() -> int:
             print((out / f"{tag}.log").read_text()[-3000:])
             return 1
         outcomes[tag] = json.loads(path.read_text())
+        if not outcomes[tag]:  # a collection error (a missing module) runs nothing: not a pass
+            print(f"{tag}: pytest ran no test; see {out / (tag + '.log')}")
+            print((out / f"{tag}.log").read_text()[-3000:])
+            return 1
     for tag in ("without", "with"):
         c = collections.Counter(v["outcome"] for v in outcomes[tag].values())
         subs = sum(len(v["subtests_failed"]) for v in outcomes[tag].values())
@@ -204,7 +214,7 @@ def main() -> int:
               + ", ".join(f"{m} {sec:.0f}" for m, sec in sorted(per.items()))
               + "; slowest: " + ", ".join(f"{t.split('::')[-1]} {v['seconds']:.0f}" for t, v in slow))
     s = _summary_of_patches(out / "with.patches.jsonl")
-    print(f"with opgym: {s['models']} models patched; patched modules by op {dict(s['by_op'])}; "
+    print(f"with opgym ({a.path}): {s['models']} models patched; patched modules by op {dict(s['by_op'])}; "
           f"{s['fused']} fused calls, {s['fallback']} fallbacks")
     for r, n in s["reasons"].most_common(12):
         print(f"    fallback {n:6d}  {r}")
@@ -212,6 +222,8 @@ def main() -> int:
         print(f"  'opgym error' fallbacks in {len(s['opgym_error_tests'])} tests:")
         for t in sorted(s["opgym_error_tests"]):
             print(f"    {t}")
+    for e, n in s["notes"].most_common(12):
+        print(f"    {n:6d} models  {e}")
     for e, n in s["patch_errors"].most_common():
         print(f"  opgym.patch raised {n}x: {e}")
     fams, losses = per_family(out / "with.patches.jsonl")

@@ -1,6 +1,7 @@
 """pytest plugin for HF's model tests (`-p opgym_plugin`, tests/hf on PYTHONPATH): with OPGYM_HF_PATCH=1
-it applies `opgym.patch(model)` to every transformers model the tests build, as a user would right
-after building or loading one; without it, it only records outcomes (the run beside it).
+it applies `opgym.patch(model)` (with OPGYM_HF_PATH=graph, `opgym.compile(model)`: the exact graph path) to
+every transformers model the tests build, as a user would right after building or loading one; without it,
+it only records outcomes (the run beside it).
 
 Where a model is patched, and why there:
 - `model_class(config)` (and `_from_config`): at the end of the outermost `PreTrainedModel.post_init`,
@@ -31,6 +32,9 @@ import weakref
 import pytest
 
 PATCH = os.environ.get("OPGYM_HF_PATCH", "0") == "1"
+# "patch": opgym.patch(model); "graph": opgym.compile(model), the exact graph path (each test's compiled code
+# dropped at its end: torch._dynamo.reset)
+PATH = os.environ.get("OPGYM_HF_PATH", "patch")
 _state = threading.local()
 _records: list[dict] = []          # models patched during the current test
 _handles = weakref.WeakKeyDictionary()  # model -> handle (a model is patched once)
@@ -62,9 +66,9 @@ def _patch(model, where: str) -> None:
 
     if model in _handles:
         return
-    rec = {"class": type(model).__name__, "where": where}
+    rec = {"class": type(model).__name__, "where": where, "path": PATH}
     try:
-        handle = opgym.patch(model)
+        handle = opgym.compile(model) if PATH == "graph" else opgym.patch(model)
     except ValueError as e:  # opgym's documented refusal (no RMSNorm)
         rec["not_patched"] = str(e)[:200]
         _records.append(rec)
@@ -73,9 +77,10 @@ def _patch(model, where: str) -> None:
         rec["patch_error"] = f"{type(e).__name__}: {e}"[:400]
         _records.append(rec)
         raise
-    rec["patched"] = {op: len(v) for op, v in handle.patched_by_op.items()}
-    rec["skipped"] = dict(handle.skipped)
-    rec["notes"] = dict(handle.notes)
+    if PATH != "graph":  # the graph path's regions are known once the model has run (_graph_record)
+        rec["patched"] = {op: len(v) for op, v in handle.patched_by_op.items()}
+        rec["skipped"] = dict(handle.skipped)
+        rec["notes"] = dict(handle.notes)
     _handles[model] = handle
     _live.append((handle, rec))
     _records.append(rec)
@@ -142,6 +147,8 @@ def _finish_records(nodeid: str) -> None:
     if not path or not _records:
         return
     for handle, rec in _live:
+        if PATH == "graph":
+            _graph_record(handle, rec)
         s = handle.stats()
         rec["fused"], rec["fallback"], rec["reasons"] = s["fused"], s["fallback"], s["reasons"]
         rec["ops"] = {op: {"fused": d["fused"], "fallback": d["fallback"]} for op, d in s["ops"].items()}
@@ -149,10 +156,24 @@ def _finish_records(nodeid: str) -> None:
         f.write(json.dumps({"test": nodeid, "models": _records}, default=str) + "\n")
 
 
+def _graph_record(handle, rec: dict) -> None:
+    """A GraphHandle's regions and skips in the patch log's shape (driver.py reads both alike): skipped reasons
+    end in "(op)"; a refusal or an eager island is a note (the model, or that module, untouched: not a loss)."""
+    rec["patched"] = {op: n for op, n in handle.replaced.items() if n}
+    rec["skipped"] = {f"{op}: {why}": f"{why} ({op})" for op, c in handle.skipped.items() for why in c}
+    rec["notes"] = {k: v for k, v in (("refused", handle.refused), ("islands", dict(handle.islands.why)),
+                                      ("unchecked_compiles", handle.unchecked)) if v}
+    rec["graphs"] = handle.graphs
+
+
 def pytest_runtest_teardown(item):
     _finish_records(item.nodeid)
     _records.clear()
     _live.clear()
+    if PATCH and PATH == "graph":
+        import torch
+
+        torch._dynamo.reset()
 
 
 def pytest_runtest_logreport(report):
