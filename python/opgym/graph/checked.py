@@ -83,7 +83,10 @@ def _leaves(v, path: tuple = (), depth: int = 0) -> list:
         return [x for k in sorted(v, key=str) for x in _leaves(v[k], (*path, k), depth)]
     if type(v) in (tuple, list):
         return [x for i, e in enumerate(v) for x in _leaves(e, (*path, i), depth)]
-    attrs = getattr(v, "__dict__", None)
+    try:
+        attrs = getattr(v, "__dict__", None)
+    except Exception:  # noqa: BLE001 - an object that will not show its attributes: a leaf alone
+        attrs = None
     if isinstance(v, _SHARED) or depth >= _DEPTH or not isinstance(attrs, dict) or isinstance(v, torch.nn.Module):
         return [(path, v)]
     return [(path, v), *(x for k in sorted(attrs, key=str) for x in _leaves(attrs[k], (*path, k), depth + 1))]
@@ -170,17 +173,17 @@ class _Served:
             return module._call_impl(*args, **kwargs)
         if getattr(_VERIFYING, "on", False):  # inside another module's checked call: that one decides
             return self.run(*args, **kwargs)
-        key = self._to_check(args, kwargs)
-        if key is None:
-            compiles, rng = handle.compiles, (_rng_state() if self.verify else None)
-            try:
-                out = self.run(*args, **kwargs)
-            except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
-                return self.after_failure(e, args, kwargs)
-            if handle.compiles == compiles or not self.verify or handle.refused:
-                return out
-            return self._compiled_unchecked(args, kwargs, out, rng)  # a program no check foresaw
-        return self._checked_call(key, args, kwargs)
+        key = _form(module, args, kwargs) if self.verify else None  # (form, sizes), before the call grows a cache
+        if key is not None and self._to_check(*key):
+            return self._checked_call(key, args, kwargs)
+        compiles, rng = handle.compiles, (_rng_state() if key is not None else None)
+        try:
+            out = self.run(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
+            return self.after_failure(e, args, kwargs)
+        if key is None or handle.compiles == compiles or handle.refused:
+            return out
+        return self._compiled_unchecked(key, args, kwargs, out, rng)  # a program no check foresaw
 
     def _checked_call(self, key, args, kwargs):
         _VERIFYING.on = True
@@ -194,10 +197,10 @@ class _Served:
         finally:
             _VERIFYING.on = False
 
-    def _compiled_unchecked(self, args, kwargs, out, rng):
+    def _compiled_unchecked(self, key, args, kwargs, out, rng):
         """An unchecked call that compiled a new program (module comment above, "What the form does not
         foresee"): checked now where it can run again, else its form's next call is checked."""
-        form, sizes = _form(self.module, args, kwargs)
+        form, sizes = key
         if _holds_state(args, kwargs):
             self.handle.unchecked += 1
             self.recheck.add(form)
@@ -206,22 +209,19 @@ class _Served:
         seen = self.checked.setdefault(form, [])
         if sizes not in seen:
             seen.append(sizes)
-        return self._checked_call((form, sizes), args, kwargs)
+        return self._checked_call(key, args, kwargs)
 
-    def _to_check(self, args, kwargs):
-        """(form, sizes) when this call is checked against HF eager, else None: the calls that may compile a new
-        program (module comment above, "the calls checked")."""
-        if not self.verify:
-            return None
-        form, sizes = _form(self.module, args, kwargs)
+    def _to_check(self, form, sizes) -> bool:
+        """Whether a call of this form and these sizes is checked against HF eager before it runs (module comment
+        above, "the calls checked"); the sizes are then recorded as checked."""
         seen = self.checked.setdefault(form, [])
         if form in self.recheck:
             self.recheck.discard(form)
         elif len(seen) >= CHECKS_PER_FORM or sizes in seen:
-            return None
+            return False
         if sizes not in seen:
             seen.append(sizes)
-        return form, sizes
+        return True
 
     def _first(self, args, kwargs):
         """HF's own code runs the call for real (the model's caches grow as HF grows them); the compiled call runs
