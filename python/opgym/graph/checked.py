@@ -147,14 +147,18 @@ class _Served:
         with islands.frames():
             return self.compiled(*args, **kwargs)
 
+    def _as_hf(self, args, kwargs):
+        """HF's own code runs the call: the compiled calls taken out (put back here only where it raises)."""
+        self.handle.undo()
+        try:
+            return self.module._call_impl(*args, **kwargs)
+        except Exception:
+            self.handle.redo()
+            raise
+
     def after_failure(self, e, args, kwargs):
         handle, module = self.handle, self.module
-        handle.undo()
-        try:
-            out = module._call_impl(*args, **kwargs)
-        except Exception:
-            handle.redo()
-            raise
+        out = self._as_hf(args, kwargs)
         said = f"{type(module).__name__}'s compiled call raised {_said(e)}{_where(e)}"
         if handle.islands.frames is None:  # Dynamo's per-frame fallback from now on; its calls checked anew
             handle.islands.add_frames(said)
@@ -230,12 +234,7 @@ class _Served:
         handle, module = self.handle, self.module
         pristine = _private_caches(args, kwargs)
         rng, cuda_rng = _rng_state()
-        handle.undo()
-        try:
-            ref = module._call_impl(*args, **kwargs)
-        except Exception:
-            handle.redo()
-            raise
+        ref = self._as_hf(args, kwargs)
         after = _rng_state()
         handle.redo()
         why = None
