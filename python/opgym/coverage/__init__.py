@@ -68,6 +68,7 @@ def summarize(report: dict) -> dict:
         "timed_out": sorted(r["type"] for r in rs if r["status"] == "timed out"),
         "refused": sorted(r["type"] for r in rs if r.get("refused")),
         "islands": sorted(r["type"] for r in rs if r.get("islands")),
+        "unchecked": sorted(r["type"] for r in rs if r.get("unchecked_compiles")),
         "image_inputs": len([r for r in rs if str(r.get("inputs", "")).startswith("image")]),
         "generated": len([r for r in rs if "identical" in (r.get("generate") or {})]),
         "tokens_identical": len([r for r in rs if (r.get("generate") or {}).get("identical") is True]),
@@ -123,7 +124,8 @@ def print_table(report: dict, file=None) -> None:
                   f"{len(s['forward_failed'])} forward failed, {len(s['could_not_build'])} could not build, "
                   f"{len(s['timed_out'])} timed out, {len(s.get('refused', []))} refused by a checked call "
                   f"{s.get('refused', [])}, {len(s.get('islands', []))} served around eager islands "
-                  f"{s.get('islands', [])}; "
+                  f"{s.get('islands', [])}, {len(s.get('unchecked', []))} with an unchecked compile "
+                  f"{s.get('unchecked', [])}; "
                   f"{s['image_inputs']} fed images; {report['seconds']} s")
     if report.get("generate"):
         console.print(f"generate ({report['generate']} greedy tokens, HF's own against opgym's): {s['generated']} "

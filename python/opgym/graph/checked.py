@@ -96,11 +96,13 @@ _DEPTH = 3
 
 
 def _form(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
-    """(form, sizes) of a call: what Dynamo specializes a program on, and the sizes it may make symbolic (module
-    comment above, "the calls checked")."""
+    """((form, sizes), holds_state) of a call: what Dynamo specializes a program on, the sizes it may make symbolic
+    (module comment above, "the calls checked"), and whether its arguments hold an object the call may grow (what
+    _private_caches copies): such a call cannot run again."""
     form: list = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(), module.training,
                   torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda")]
     sizes: list = []
+    holds_state = False
     for key, v in _leaves((args, kwargs)):  # key: the leaf's path (an argument's position or keyword, ...)
         if isinstance(v, torch.Tensor):
             form.append((key, v.dtype, v.device, v.requires_grad, tuple(n == 1 for n in v.shape)))
@@ -112,13 +114,8 @@ def _form(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
             form.append((key, v))
         else:  # a cache or other object: its type (its contents show in its tensors' shapes)
             form.append((key, type(v)))
-    return tuple(form), tuple(sizes)
-
-
-def _holds_state(args: tuple, kwargs: dict) -> bool:
-    """Whether the arguments hold an object a call may grow (what _private_caches copies): such a call cannot run
-    again."""
-    return any(not isinstance(v, _SHARED) for _, v in _leaves((args, kwargs), depth=_DEPTH))
+            holds_state = True
+    return (tuple(form), tuple(sizes)), holds_state
 
 
 class _Served:
@@ -177,17 +174,19 @@ class _Served:
             return module._call_impl(*args, **kwargs)
         if getattr(_VERIFYING, "on", False):  # inside another module's checked call: that one decides
             return self.run(*args, **kwargs)
-        key = _form(module, args, kwargs) if self.verify else None  # (form, sizes), before the call grows a cache
+        # (form, sizes), read before the call grows a cache; verify=False: no check, no form
+        key, holds_state = _form(module, args, kwargs) if self.verify else (None, True)
         if key is not None and self._to_check(*key):
             return self._checked_call(key, args, kwargs)
-        compiles, rng = handle.compiles, (_rng_state() if key is not None else None)
+        compiles = handle.compiles
+        rng = None if holds_state else _rng_state()  # for a check after the call (one that can run again)
         try:
             out = self.run(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - the model never raises because of opgym
             return self.after_failure(e, args, kwargs)
         if key is None or handle.compiles == compiles or handle.refused:
             return out
-        return self._compiled_unchecked(key, args, kwargs, out, rng)  # a program no check foresaw
+        return self._compiled_unchecked(key, out, rng, args, kwargs)  # a program no check foresaw
 
     def _checked_call(self, key, args, kwargs):
         _VERIFYING.on = True
@@ -201,11 +200,12 @@ class _Served:
         finally:
             _VERIFYING.on = False
 
-    def _compiled_unchecked(self, key, args, kwargs, out, rng):
+    def _compiled_unchecked(self, key, out, rng, args, kwargs):
         """An unchecked call that compiled a new program (module comment above, "What the form does not
-        foresee"): checked now where it can run again, else its form's next call is checked."""
+        foresee"): checked now where it can run again (`rng`: the state before it ran), else (rng None, a cache
+        among its arguments) its form's next call is checked."""
         form, sizes = key
-        if _holds_state(args, kwargs):
+        if rng is None:
             self.handle.unchecked += 1
             self.recheck.add(form)
             return out

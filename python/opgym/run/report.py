@@ -200,7 +200,8 @@ def print_graph(r: dict) -> None:
               yes(g["logits_identical"], f", {_fmt(g['logits_elements_differing'])} differ"))
     rec = g["recompiles_in_timed_rounds"]
     t.add_row("graphs compiled (after warm-up / in all)", "", "",
-              f"{_fmt(g['graphs_after_warmup'])} / {g['graphs']}" + (f" [red]({rec} in the timed rounds)[/red]" if rec else ""))
+              f"{_fmt(g['graphs_after_warmup'])} / {g['graphs']}" + (f" [red]({rec} in the timed rounds)[/red]" if rec else "")
+              + (f" [red]({g['unchecked_compiles']} compiled unchecked)[/red]" if g.get("unchecked_compiles") else ""))
     fc, bfc = g["first_calls_ms"], g["baseline_first_calls_ms"]
     t.add_row("first call: full-logits forward (ms)", _fmt(bfc.get("forward_ms")), "", _fmt(fc.get("forward_ms")))
     t.add_row("  first-call compile time (ms, vs HF eager's)", "", "", _fmt(g["first_call_compile_ms"]))
