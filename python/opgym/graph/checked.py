@@ -74,22 +74,33 @@ def _private_caches(args: tuple, kwargs: dict):
 _SPECIALIZED = (bool, complex, str, bytes, type(None), torch.dtype, torch.device)
 
 
-def _leaves(v, path: tuple = (), depth: int = 0) -> list:
+def _leaves(v, path: tuple = (), depth: int = 0, out: list | None = None) -> list:
     """[(path, leaf)] of a call's arguments in a fixed order: tuples, lists and dicts opened (a dict's keys
     sorted); any other object is a leaf, followed by its attributes' leaves down to _DEPTH objects deep - a
     DynamicCache's layers and their keys and values, whose growing length Dynamo guards on (measured, tiny Llama,
-    transformers 5.23: every decode step's own arguments have the same shapes)."""
-    if isinstance(v, dict):
-        return [x for k in sorted(v, key=str) for x in _leaves(v[k], (*path, k), depth)]
-    if type(v) in (tuple, list):
-        return [x for i, e in enumerate(v) for x in _leaves(e, (*path, i), depth)]
-    try:
-        attrs = getattr(v, "__dict__", None)
-    except Exception:  # noqa: BLE001 - an object that will not show its attributes: a leaf alone
-        attrs = None
-    if isinstance(v, _SHARED) or depth >= _DEPTH or not isinstance(attrs, dict) or isinstance(v, torch.nn.Module):
-        return [(path, v)]
-    return [(path, v), *(x for k in sorted(attrs, key=str) for x in _leaves(attrs[k], (*path, k), depth + 1))]
+    transformers 5.23: every decode step's own arguments have the same shapes). Read on every model call, so
+    appended to one list, tensors first (`_form`: 217 us a decode step's arguments with a 36-layer DynamicCache,
+    35 with 4 layers; 321 and 48 as nested lists, docs/PERF.md)."""
+    if out is None:
+        out = []
+    if isinstance(v, _SHARED):  # the most leaves (a cache's tensors): no attributes read
+        out.append((path, v))
+    elif isinstance(v, dict):
+        for k in sorted(v, key=str):
+            _leaves(v[k], (*path, k), depth, out)
+    elif type(v) in (tuple, list):
+        for i, e in enumerate(v):
+            _leaves(e, (*path, i), depth, out)
+    else:
+        out.append((path, v))
+        try:
+            attrs = getattr(v, "__dict__", None)
+        except Exception:  # noqa: BLE001 - an object that will not show its attributes: a leaf alone
+            attrs = None
+        if depth < _DEPTH and isinstance(attrs, dict) and not isinstance(v, torch.nn.Module):
+            for k in sorted(attrs, key=str):
+                _leaves(attrs[k], (*path, k), depth + 1, out)
+    return out
 
 
 _DEPTH = 3
@@ -105,8 +116,9 @@ def _form(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
     holds_state = False
     for key, v in _leaves((args, kwargs)):  # key: the leaf's path (an argument's position or keyword, ...)
         if isinstance(v, torch.Tensor):
-            form.append((key, v.dtype, v.device, v.requires_grad, tuple(n == 1 for n in v.shape)))
-            sizes.append(tuple(v.shape))
+            shape = tuple(v.shape)
+            form.append((key, v.dtype, v.device, v.requires_grad, tuple([n == 1 for n in shape])))
+            sizes.append(shape)
         elif type(v) in (int, float):  # Dynamo specializes 0 and 1; another value may become symbolic, as a size
             form.append((key, type(v), v if v in (0, 1) else None))
             sizes.append(v)
