@@ -876,3 +876,26 @@ def test_a_gate_strided_in_its_last_dim_stays_as_captured_and_says_why():
         assert torch.equal(mod(g, u), _TransposedGate()(g, u))
     assert h.replaced["swiglu"] == 0 and h.stats()["ops"]["swiglu"]["fallback"] == 0, h
     assert any("not contiguous in its last dim" in why for why in h.skipped["swiglu"]), h.skipped
+
+
+def test_a_region_op_runs_below_autograd_under_no_grad_and_through_it_with_grad_on():
+    """As opgym.patch's guarded call: under no_grad autograd records nothing, so a region's op skips its Python
+    Autograd kernel (docs/PERF.md, "The graph path's decode step"); with grad on autograd stays (a region's torch
+    ops may feed a weight's gradient)."""
+    from opgym.graph.guarded import GuardedRegion
+    from opgym.guard import Stats
+
+    below = []
+
+    def target(x):
+        below.append(torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.AutogradFunctionality))
+        return x + 1
+
+    stats = Stats()
+    region = GuardedRegion("rms_norm", target, (), lambda x: x - 1, [stats])
+    x = torch.ones(3)
+    with torch.no_grad():
+        assert torch.equal(region(x), x + 1)
+    assert torch.equal(region(x), x + 1)
+    assert below == [True, False]
+    assert stats.fused == 2 and stats.fallback == 0
