@@ -17,6 +17,7 @@ import time
 import warnings
 
 import torch
+from torch.profiler import profile
 
 import opgym
 from opgym import models
@@ -82,7 +83,7 @@ def main() -> None:
     show("decode ms/token", dec)
     paired("prefill", pre)
     paired("decode", dec)
-    floor(sides["hf"], a.tokens)
+    floor(sides["hf"])
     # the merged gate|up: what the probe and race decided (one cache: patch's notes say it for both sides) and
     # what the graph side's merged form served, per call, with why not
     for k, v in patched.notes.items():
@@ -90,7 +91,6 @@ def main() -> None:
             print(f"{k}: {v}")
     print(f"graph side: form_regions {dict(handle.form_regions)}; forms {handle.forms()['ops']}")
     if a.profile:
-        from torch.profiler import profile
         for k in ("patch", "graph", "patch", "graph"):  # twice each, interleaved
             decode_profile(k, sides[k], generate, a.tokens)
         for k in ("patch", "graph"):
@@ -100,7 +100,7 @@ def main() -> None:
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=16))
 
 
-def floor(model, tokens: int) -> None:
+def floor(model) -> None:
     """Decode's floor: a token reads every weight of the language model once (the vision tower does not run),
     bytes over the copy bandwidth measured here."""
     lm = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "visual" not in n)
@@ -118,8 +118,6 @@ def floor(model, tokens: int) -> None:
 def decode_profile(k: str, model, generate, tokens: int) -> None:
     """Per decode token, from torch.profiler over a generate of 1 + N tokens minus one of 1: the compiled
     regions entered, Dynamo's guard checks (its cache lookups), and the GEMMs' self time."""
-    from torch.profiler import profile
-
     def events(n):
         with profile() as prof:
             generate(model, n)
