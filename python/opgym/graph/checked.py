@@ -33,7 +33,7 @@ from .islands import tensors_of
 # size that changed once more, symbolic, then reuse it (the growing cache length in decoding). transformers
 # branches on compiling in the calls of one phase only, too (a decode step's cache update, its mask). So each
 # call's form (`_form`: what Dynamo specializes on - its keywords; per tensor argument its dtype, device,
-# requires_grad and which dims are 1; the values of its flags and strings, and whether a number is 0 or 1;
+# requires_grad and which dims are 0 or 1; the values of its flags and strings, and whether a number is 0 or 1;
 # the type of any other object, and the same of its attributes' - a cache's tensors, whose length grows while a
 # decode step's own arguments keep their shapes; grad and inference mode, autocast, the module's training flag)
 # has its first CHECKS_PER_FORM calls of new sizes checked: the static program and the dynamic one. A generate
@@ -117,7 +117,9 @@ def _form(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
     for key, v in _leaves((args, kwargs)):  # key: the leaf's path (an argument's position or keyword, ...)
         if isinstance(v, torch.Tensor):
             shape = tuple(v.shape)
-            form.append((key, v.dtype, v.device, v.requires_grad, tuple([n == 1 for n in shape])))
+            # Dynamo specializes a size of 0 or 1 (measured, DeepSeek-V4 under 5.23: a compression buffer in its
+            # cache emptied to 0 mid-generate and compiled a program the form had not foreseen)
+            form.append((key, v.dtype, v.device, v.requires_grad, tuple([min(n, 2) for n in shape])))
             sizes.append(shape)
         elif type(v) in (int, float):  # Dynamo specializes 0 and 1; another value may become symbolic, as a size
             form.append((key, type(v), v if v in (0, 1) else None))
