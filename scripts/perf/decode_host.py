@@ -19,7 +19,7 @@ from torch.profiler import profile
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import opgym
-from opgym.run.measure import TokenTimes
+from _decode import dynamo_events, generate_gap_ms
 
 
 def main() -> None:
@@ -43,11 +43,7 @@ def main() -> None:
     ids = torch.arange(1, 33)[None]
 
     def generate(m, n):
-        st = TokenTimes(lambda: None)
-        with torch.no_grad():
-            out = m.generate(input_ids=ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, streamer=st)
-        gaps = sorted(b - a for a, b in zip(st.times[1:], st.times[2:]))  # [prompt, token 1, ...]
-        return gaps[len(gaps) // 2] * 1e3, out
+        return generate_gap_ms(m, {"input_ids": ids}, n)
 
     for m in sides.values():  # warm-up: the graph side compiles its prefill and decode programs here
         generate(m, 8)
@@ -70,11 +66,9 @@ def main() -> None:
           f"{sum(x < 1 for x in r)} of {len(r)}")
     with profile() as prof:
         generate(sides["graph"], a.tokens)
-    ev = prof.key_averages()
-    lookups = [e for e in ev if e.key.startswith("TorchDynamo Cache Lookup")]
-    regions = sum(e.count for e in ev if e.key.startswith("Torch-Compiled Region"))
-    n = sum(e.count for e in lookups)
-    ms = sum(e.cpu_time_total for e in lookups) / 1e3
+    ev = {e.key: e for e in prof.key_averages()}
+    regions, n = dynamo_events(ev, "count")
+    ms = dynamo_events(ev, "cpu_time_total")[1] / 1e3
     print(f"graph side, one generate of {a.tokens}: {regions} compiled regions entered, {n} guard checks, "
           f"{ms / max(n, 1):.3f} ms each")
 

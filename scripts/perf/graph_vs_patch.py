@@ -21,7 +21,7 @@ from torch.profiler import profile
 
 import opgym
 from opgym import models
-from opgym.run.measure import TokenTimes
+from _decode import dynamo_events, generate_gap_ms
 
 
 def main() -> None:
@@ -49,11 +49,7 @@ def main() -> None:
 
     def generate(m, n) -> float:
         """The median time between two tokens of a generate of n, ms."""
-        st = TokenTimes(lambda: None)
-        with torch.no_grad():
-            m.generate(**inp, max_new_tokens=n, min_new_tokens=n, do_sample=False, streamer=st)
-        gaps = sorted(b - a for a, b in zip(st.times[1:], st.times[2:]))  # [prompt, token 1, ...]
-        return gaps[len(gaps) // 2] * 1e3 if gaps else 0.0
+        return generate_gap_ms(m, inp, n)[0]
 
     for m in sides.values():  # warm-up: the graph side compiles here (a forward after a generate sees the
         prefill(m)            # rope offsets the generate left on Qwen2.5-VL's model: a program of its own)
@@ -125,15 +121,17 @@ def decode_profile(k: str, model, generate, tokens: int) -> None:
 
     long, short = events(1 + tokens), events(1)
 
-    def per(name_start, attr):
-        def total(ev):
-            return sum(getattr(e, attr) for key, e in ev.items() if key.startswith(name_start))
-        return (total(long) - total(short)) / tokens
+    def per(attr):  # (regions, guard checks) per token: the long run minus the short one
+        return [(a - b) / tokens for a, b in zip(dynamo_events(long, attr), dynamo_events(short, attr))]
 
-    regions = per("Torch-Compiled Region", "count")
-    lookup = per("TorchDynamo Cache Lookup", "cpu_time_total") / 1e3
-    lookups = per("TorchDynamo Cache Lookup", "count")
-    gemm = sum(per(n, "self_cpu_time_total") for n in ("aten::mm", "aten::addmm", "aten::bmm")) / 1e3
+    (regions, lookups), lookup = per("count"), per("cpu_time_total")[1] / 1e3
+
+    def gemm_ms(name):
+        def self_time(ev):
+            return ev[name].self_cpu_time_total if name in ev else 0.0
+        return (self_time(long) - self_time(short)) / tokens
+
+    gemm = sum(gemm_ms(n) for n in ("aten::mm", "aten::addmm", "aten::bmm")) / 1e3
     print(f"{k} decode per token: {regions:.1f} compiled regions entered, {lookups:.1f} guard checks taking "
           f"{lookup:.3f} ms, GEMMs (mm, addmm, bmm self) {gemm:.1f} ms")
 
